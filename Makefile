@@ -1,0 +1,44 @@
+# The two commands a newcomer runs: `make demo` and `make test`.
+# Both create .venv from the pinned versions in constraints.txt if it is missing or stale.
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+export HF_DATASETS_OFFLINE := 1
+export HF_HUB_DISABLE_TELEMETRY := 1
+export TRL_EXPERIMENTAL_SILENCE := 1
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: setup demo test lint format bench clean
+
+setup: $(STAMP)
+
+$(STAMP): constraints.txt pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade "pip==26.3"
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[test]"
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/searchrl demo
+
+test: $(STAMP)
+	$(BIN)/ruff check searchrl tests benchmarks
+	$(BIN)/ruff format --check searchrl tests benchmarks
+	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+lint: $(STAMP)
+	$(BIN)/ruff check searchrl tests benchmarks
+
+format: $(STAMP)
+	$(BIN)/ruff format searchrl tests benchmarks
+	$(BIN)/ruff check --fix searchrl tests benchmarks
+
+bench: $(STAMP)
+	mkdir -p .bench
+	$(BIN)/python benchmarks/bench_search.py --json .bench/search.json
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

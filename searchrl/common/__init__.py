@@ -1,0 +1,1 @@
+"""Small pieces every room uses: dataclass configs from YAML, atomic file writes, the run manifest."""

@@ -1,0 +1,137 @@
+"""A trajectory: everything one episode produced, token by token, for PPO and for people.
+
+Token in, token out: `input_ids` are exactly the prompt tokens, the tokens the policy sampled and the
+tokens the environment inserted (observations plus chat-template glue), in order; nothing is
+re-tokenised from text. `action_mask` is 1 on sampled tokens only. `logprobs[i]` is the log
+probability of token `i` under the sampling distribution at the moment it was sampled (0.0 where
+`action_mask` is 0). The reward slot is filled by `searchrl.rewards` after the episode ends.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from searchrl.common.io import read_jsonl, write_jsonl
+
+TERMINATION_REASONS = ("answered", "no_answer", "max_turns", "max_tool_calls", "token_budget", "error")
+
+# Status of one tool call. "ok" is the only success; every other status became an error observation.
+TOOL_STATUSES = (
+    "ok",
+    "timeout",
+    "unavailable",
+    "bad_request",
+    "error",
+    "invalid_arguments",
+    "unknown_tool",
+    "permission_denied",
+    "over_budget",
+    "malformed",
+    "circuit_open",
+)
+
+
+@dataclass
+class ToolCallRecord:
+    """One tool call the policy made and what became of it."""
+
+    name: str
+    arguments: dict[str, Any]
+    status: str = "ok"
+    latency_ms: float = 0.0
+    doc_ids: list[str] = field(default_factory=list)
+    error: str | None = None
+    turn_index: int = 0
+
+
+@dataclass
+class Span:
+    """A contiguous run of tokens `[start, end)` of one kind: prompt, action, observation or glue."""
+
+    kind: str
+    start: int
+    end: int
+    text: str = ""
+
+
+@dataclass
+class Trajectory:
+    """One episode. See the module docstring for the token-level contract."""
+
+    id: str
+    question_id: str
+    question: str
+    golds: list[str]
+    input_ids: list[int] = field(default_factory=list)
+    action_mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    prompt_length: int = 0
+    spans: list[Span] = field(default_factory=list)
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    tool_calls: list[ToolCallRecord] = field(default_factory=list)
+    observations: list[str] = field(default_factory=list)
+    retrieved: dict[str, str] = field(default_factory=dict)
+    answer: str | None = None
+    citations: list[str] = field(default_factory=list)
+    final_text: str = ""
+    num_turns: int = 0
+    termination: str = "no_answer"
+    reward: float | None = None
+    reward_breakdown: dict[str, float] = field(default_factory=dict)
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    # -- derived views -------------------------------------------------------------------------
+    @property
+    def num_action_tokens(self) -> int:
+        return int(sum(self.action_mask))
+
+    @property
+    def action_texts(self) -> list[str]:
+        return [s.text for s in self.spans if s.kind == "action"]
+
+    @property
+    def last_action_index(self) -> int:
+        """Index of the last sampled token (where the scalar score is placed); -1 if none."""
+        for i in range(len(self.action_mask) - 1, -1, -1):
+            if self.action_mask[i]:
+                return i
+        return -1
+
+    def validate(self) -> None:
+        """Raise ValueError if the token-level arrays disagree."""
+        n = len(self.input_ids)
+        if len(self.action_mask) != n or len(self.logprobs) != n:
+            raise ValueError(
+                f"trajectory {self.id}: input_ids ({n}), action_mask ({len(self.action_mask)}) and "
+                f"logprobs ({len(self.logprobs)}) must have the same length"
+            )
+        if any(m not in (0, 1) for m in self.action_mask):
+            raise ValueError(f"trajectory {self.id}: action_mask must hold only 0 and 1")
+        if any(self.action_mask[: self.prompt_length]):
+            raise ValueError(f"trajectory {self.id}: prompt tokens must have action_mask 0")
+        if self.termination not in TERMINATION_REASONS:
+            raise ValueError(f"trajectory {self.id}: unknown termination {self.termination!r}")
+
+    # -- serialisation -------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Trajectory:
+        d = dict(d)
+        d["spans"] = [Span(**s) for s in d.get("spans", [])]
+        d["tool_calls"] = [ToolCallRecord(**t) for t in d.get("tool_calls", [])]
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+
+def write_trajectories(path: str | Path, trajectories: list[Trajectory]) -> None:
+    """Write trajectories as JSON lines (gzip if the name ends in .gz), atomically."""
+    write_jsonl(path, (t.to_dict() for t in trajectories))
+
+
+def read_trajectories(path: str | Path) -> list[Trajectory]:
+    return [Trajectory.from_dict(d) for d in read_jsonl(path)]

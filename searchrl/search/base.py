@@ -1,0 +1,66 @@
+"""The search contract every backend speaks: a batch of queries in, a ranked list of hits per query out.
+
+Backends (BM25, dense, HTTP client, cache, fault injection) all satisfy `Backend`, so the environment
+and the rollout engine never know which one they talk to. Errors are typed so the environment can turn
+each kind into an observation the policy can learn from (never a crash).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Protocol, runtime_checkable
+
+
+@dataclass(frozen=True)
+class Hit:
+    """One retrieved document: its id, the backend's score, and its title and text."""
+
+    doc_id: str
+    score: float
+    title: str
+    text: str
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Hit:
+        return cls(doc_id=str(d["doc_id"]), score=float(d["score"]), title=str(d["title"]), text=str(d["text"]))
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """A search engine. `search` takes the whole batch so a backend can vectorise or send one request."""
+
+    def search(self, queries: list[str], k: int) -> list[list[Hit]]:
+        """Return, for each query in order, at most `k` hits ranked best first."""
+        ...
+
+    @property
+    def fingerprint(self) -> str:
+        """A stable id of what answers: corpus hash + backend + parameters (keys the cache)."""
+        ...
+
+
+class SearchError(Exception):
+    """Base class of every search failure the environment turns into an observation."""
+
+    kind = "error"
+
+
+class SearchTimeout(SearchError):
+    """The backend did not answer within the deadline."""
+
+    kind = "timeout"
+
+
+class SearchUnavailable(SearchError):
+    """The backend cannot be reached (refused connection, 5xx after retries, circuit open)."""
+
+    kind = "unavailable"
+
+
+class BadSearchRequest(SearchError):
+    """The request itself is wrong (4xx): retrying the same request cannot help."""
+
+    kind = "bad_request"
