@@ -1,0 +1,209 @@
+"""Build and open index directories, whatever the backend.
+
+Every index directory has a `meta.json`: format version, backend, parameters, document count, the
+corpus hash and the fingerprint = sha256(corpus hash + backend + parameters). The fingerprint keys the
+search cache and is recorded in each run's manifest, so a result can always be traced to the exact
+corpus and ranking function that produced it. `meta.json` is written last (atomically): a directory
+without it is an interrupted build, and `load_index` says so instead of serving half an index.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from searchrl.common.io import atomic_write_json
+from searchrl.search.base import Backend
+from searchrl.search.bm25 import BM25Backend, BM25Params
+from searchrl.search.corpus import corpus_hash, load_corpus
+from searchrl.search.dense import DenseBackend, resolve_model_path
+
+INDEX_FORMAT_VERSION = 1
+BACKENDS = ("bm25", "dense")
+
+
+class IndexFormatError(ValueError):
+    """An index directory is missing, incomplete, or was built by an incompatible version."""
+
+
+def compute_fingerprint(corpus_sha256: str, backend: str, params: dict[str, Any]) -> str:
+    payload = json.dumps({"corpus": corpus_sha256, "backend": backend, "params": params}, sort_keys=True)
+    return hashlib.sha256(payload.encode("utf-8")).hexdigest()
+
+
+def model_id(model_dir: Path) -> str:
+    """A cheap identity of a model directory: names and sizes of its files (not their paths on disk)."""
+    h = hashlib.sha256()
+    for p in sorted(model_dir.rglob("*")):
+        if p.is_file():
+            h.update(f"{p.relative_to(model_dir)}:{p.stat().st_size}\n".encode())
+    return h.hexdigest()[:16]
+
+
+def read_meta(index_dir: str | os.PathLike) -> dict[str, Any]:
+    """The index's `meta.json`, or a clear error if the directory is not a finished index."""
+    index_dir = Path(index_dir)
+    meta_path = index_dir / "meta.json"
+    if not index_dir.is_dir():
+        raise IndexFormatError(f"{index_dir}: index directory not found (build one with `searchrl index`)")
+    if not meta_path.exists():
+        raise IndexFormatError(
+            f"{index_dir}: no meta.json, so this is not a finished index (an interrupted build?); "
+            f"rebuild it with `searchrl index --corpus FILE --out {index_dir}`"
+        )
+    meta = json.loads(meta_path.read_text())
+    if meta.get("format_version") != INDEX_FORMAT_VERSION:
+        raise IndexFormatError(
+            f"{index_dir}: index format version {meta.get('format_version')} is not the supported "
+            f"{INDEX_FORMAT_VERSION}; rebuild the index"
+        )
+    return meta
+
+
+def build_index(
+    corpus_path: str | os.PathLike,
+    out_dir: str | os.PathLike,
+    backend: str = "bm25",
+    overwrite: bool = False,
+    **params: Any,
+) -> Backend:
+    """Index the corpus at `corpus_path` into `out_dir` and return the opened backend.
+
+    bm25 params: k1, b, method, stemmer, stopwords, lower (see `BM25Params`). dense params: model_path,
+    batch_size.
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    out_dir = Path(out_dir)
+    if out_dir.exists() and any(out_dir.iterdir()):
+        if not overwrite:
+            raise IndexFormatError(
+                f"{out_dir}: output directory is not empty; pass overwrite=True (--overwrite)"
+            )
+        shutil.rmtree(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    docs = load_corpus(corpus_path)
+    sha = corpus_hash(docs)
+    if backend == "bm25":
+        bm25_params = BM25Params(**params)
+        BM25Backend.build(docs, out_dir, bm25_params)
+        recorded = bm25_params.to_dict()
+    else:
+        unknown = set(params) - {"model_path", "batch_size"}
+        if unknown:
+            raise ValueError(
+                f"unknown dense parameters {sorted(unknown)}; dense takes model_path, batch_size"
+            )
+        model_dir = resolve_model_path(params.get("model_path"))
+        DenseBackend.build(docs, out_dir, model_dir, batch_size=int(params.get("batch_size", 64)))
+        recorded = {"model": model_dir.name, "model_id": model_id(model_dir)}
+    meta = {
+        "format_version": INDEX_FORMAT_VERSION,
+        "backend": backend,
+        "params": recorded,
+        "num_docs": len(docs),
+        "corpus_sha256": sha,
+        "corpus_path": str(corpus_path),
+        "fingerprint": compute_fingerprint(sha, backend, recorded),
+        "build_seconds": round(time.perf_counter() - started, 3),
+    }
+    atomic_write_json(out_dir / "meta.json", meta)
+    return load_index(out_dir, model_path=params.get("model_path"))
+
+
+def load_index(
+    index_dir: str | os.PathLike, mmap: bool = True, model_path: str | os.PathLike | None = None
+) -> Backend:
+    """Open the index in `index_dir` as the backend that built it (`BM25Backend` or `DenseBackend`)."""
+    meta = read_meta(index_dir)
+    if meta["backend"] == "bm25":
+        return BM25Backend.load(index_dir, BM25Params(**meta["params"]), meta["fingerprint"], mmap=mmap)
+    if meta["backend"] == "dense":
+        model_dir = resolve_model_path(model_path)
+        if model_id(model_dir) != meta["params"]["model_id"]:
+            raise IndexFormatError(
+                f"{index_dir}: built with model {meta['params']['model']} (id {meta['params']['model_id']}) "
+                f"but {model_dir} is a different model; pass the same model path used to build the index"
+            )
+        return DenseBackend.load(index_dir, meta["fingerprint"], model_path=model_dir, mmap=mmap)
+    raise IndexFormatError(f"{index_dir}: meta.json names unknown backend {meta['backend']!r}")
+
+
+@dataclass
+class SearchConfig:
+    """How a run reaches its search engine: a local index or a URL, plus cache and fault injection."""
+
+    index: str | None = field(default=None, metadata={"help": "Local index directory (bm25 or dense)."})
+    url: str | None = field(
+        default=None, metadata={"help": "Retrieval server URL (instead of a local index)."}
+    )
+    protocol: str = field(
+        default="search_r1", metadata={"help": "Server wire format: search_r1, flashrag, skyrl."}
+    )
+    token: str | None = field(
+        default=None, metadata={"help": "Bearer token for the server, if it wants one."}
+    )
+    connect_timeout: float = field(default=2.0, metadata={"help": "Seconds to wait for a connection."})
+    read_timeout: float = field(default=30.0, metadata={"help": "Seconds to wait for an answer."})
+    max_retries: int = field(default=3, metadata={"help": "Retries of transient failures (never of 4xx)."})
+    cache: str | None = field(default=None, metadata={"help": "SQLite cache file; null for no cache."})
+    cache_mode: str = field(
+        default="read_write", metadata={"help": "off, read_write, or replay (snapshot only)."}
+    )
+    fault_seed: int = field(default=0, metadata={"help": "Seed of the fault-injection RNG."})
+    fault_timeout_rate: float = field(default=0.0, metadata={"help": "Fraction of calls that time out."})
+    fault_error_rate: float = field(default=0.0, metadata={"help": "Fraction of calls that fail."})
+    fault_drop_rate: float = field(default=0.0, metadata={"help": "Fraction of queries that lose hits."})
+    fault_shuffle_rate: float = field(
+        default=0.0, metadata={"help": "Fraction of queries with shuffled hits."}
+    )
+    fault_latency_ms: float = field(default=0.0, metadata={"help": "Latency added to every call, in ms."})
+
+
+def open_backend(cfg: SearchConfig) -> Backend:
+    """The backend a config describes: index or URL, then faults (if any), then the cache on top.
+
+    The cache sits outside the faults so that a replayed snapshot is fault-free and reproducible;
+    faults apply to what the live backend answers.
+    """
+    from searchrl.search.cache import CachedBackend
+    from searchrl.search.client import HTTPBackend
+    from searchrl.search.faults import FaultInjectingBackend
+
+    if bool(cfg.index) == bool(cfg.url) and cfg.cache_mode != "replay":
+        raise ValueError("search config needs exactly one of 'index' (a local index dir) or 'url' (a server)")
+    backend: Backend | None = None
+    if cfg.index:
+        backend = load_index(cfg.index)
+    elif cfg.url:
+        backend = HTTPBackend(
+            cfg.url,
+            protocol=cfg.protocol,
+            connect_timeout=cfg.connect_timeout,
+            read_timeout=cfg.read_timeout,
+            max_retries=cfg.max_retries,
+            token=cfg.token,
+        )
+    rates = (cfg.fault_timeout_rate, cfg.fault_error_rate, cfg.fault_drop_rate, cfg.fault_shuffle_rate)
+    if backend is not None and (any(rates) or cfg.fault_latency_ms):
+        backend = FaultInjectingBackend(
+            backend,
+            seed=cfg.fault_seed,
+            latency_ms=cfg.fault_latency_ms,
+            timeout_rate=cfg.fault_timeout_rate,
+            error_rate=cfg.fault_error_rate,
+            drop_rate=cfg.fault_drop_rate,
+            shuffle_rate=cfg.fault_shuffle_rate,
+        )
+    if cfg.cache and cfg.cache_mode != "off":
+        return CachedBackend(backend, cfg.cache, mode=cfg.cache_mode)
+    if backend is None:
+        raise ValueError("cache_mode 'replay' needs 'cache' (the snapshot file)")
+    return backend
