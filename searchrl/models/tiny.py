@@ -1,0 +1,254 @@
+"""The tiny offline model: a BPE tokenizer trained on the task text and small Qwen2-config transformers.
+
+Why: nothing may download at run time, yet every code path (chat template, tool-call glue, PPO with a
+value model) must be the one a real Qwen2.5 model goes through. So the tokenizer speaks the Qwen2.5
+chat format through the template file that the installed trl package ships (read at run time, never
+copied), and the models are `Qwen2ForCausalLM` / `Qwen2ForSequenceClassification` built from a config.
+`load_policy` / `load_tokenizer` take any local model directory, so a real Qwen checkpoint drops in.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import (
+    AutoModelForCausalLM,
+    AutoModelForSequenceClassification,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen2ForSequenceClassification,
+)
+from trl.chat_template_utils import add_response_schema
+
+PAD_TOKEN = "<|endoftext|>"
+IM_START = "<|im_start|>"
+IM_END = "<|im_end|>"
+SPECIAL_TOKENS = [PAD_TOKEN, IM_START, IM_END]
+# Protocol tags, added as single (non-special) tokens so `decode` keeps them and the tiny model
+# sees each tag as one symbol.
+PROTOCOL_TOKENS = [
+    "<tool_call>",
+    "</tool_call>",
+    "<tool_response>",
+    "</tool_response>",
+    "<answer>",
+    "</answer>",
+    "<search>",
+    "</search>",
+    "<information>",
+    "</information>",
+]
+TEMPLATE_NAME = "qwen2_5.jinja"
+
+
+def trl_chat_template_path(name: str = TEMPLATE_NAME) -> Path:
+    """Path of a chat template inside the installed trl package (the file is read, never copied)."""
+    spec = importlib.util.find_spec("trl")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("trl is not installed: the tiny tokenizer needs trl's bundled chat templates")
+    path = Path(next(iter(spec.submodule_search_locations))) / "chat_templates" / name
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"chat template {name!r} not found at {path}; this trl version does not ship it "
+            "(searchrl expects trl 1.16, see constraints.txt)"
+        )
+    return path
+
+
+def qwen2_5_chat_template() -> str:
+    """The Qwen2.5 chat template text exactly as trl ships it (TRL recognises it by string identity)."""
+    return trl_chat_template_path().read_text(encoding="utf-8")
+
+
+def tokenizer_training_texts(
+    corpus_rows: Iterable[dict[str, Any]], qa_rows: Iterable[dict[str, Any]]
+) -> list[str]:
+    """Texts to train the tiny tokenizer on: documents, questions, answers and protocol samples.
+
+    `corpus_rows` carry `title` and `contents` (or `text`); `qa_rows` carry `question` and `golds`.
+    Protocol samples teach the BPE the markup and JSON shapes it will see in every episode.
+    """
+    texts: list[str] = []
+    for row in corpus_rows:
+        body = row.get("contents", row.get("text", ""))
+        texts.append(f"{row.get('title', '')}\n{body}")
+    for row in qa_rows:
+        question = str(row.get("question", ""))
+        golds = row.get("golds", []) or []
+        answer = golds[0] if golds else ""
+        texts.append(question)
+        texts.append(
+            f'<tool_call>\n{{"name": "search", "arguments": {{"query": "{question}", "k": 3}}}}\n</tool_call>'
+        )
+        texts.append(f"<search>{question}</search>\n\n<information>Doc 1 [d1] {answer}</information>\n\n")
+        texts.append(f"<answer>{answer} [d1]</answer>")
+    texts.append(
+        "system\nuser\nassistant\n<tool_response>\n[1] (id: d1) Title\ntext\n</tool_response>\n"
+        '{"type": "function", "function": {"name": "search", "description": "Search the corpus.", '
+        '"parameters": {"type": "object", "properties": {"query": {"type": "string"}, '
+        '"k": {"type": "integer"}}, "required": ["query"]}}}'
+    )
+    return texts
+
+
+def train_tokenizer(
+    texts: Iterable[str], vocab_size: int = 2048, min_frequency: int = 2, model_max_length: int = 2048
+) -> PreTrainedTokenizerFast:
+    """Train a byte-level BPE tokenizer on `texts` and dress it as a Qwen2.5 chat tokenizer.
+
+    Byte-level, so any text encodes; pad (`<|endoftext|>`) differs from EOS (`<|im_end|>`); left
+    padding for batched generation; the chat template is trl's Qwen2.5 file.
+    """
+    if vocab_size < 300:
+        raise ValueError(
+            f"vocab_size={vocab_size} is too small: byte-level BPE needs at least 256 + specials"
+        )
+    core = Tokenizer(models.BPE())
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    core.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=min_frequency,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    core.train_from_iterator(list(texts), trainer=trainer)
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=core,
+        bos_token=None,
+        eos_token=IM_END,
+        pad_token=PAD_TOKEN,
+        unk_token=None,
+        additional_special_tokens=[IM_START, IM_END],
+        padding_side="left",
+        model_max_length=model_max_length,
+        clean_up_tokenization_spaces=False,
+    )
+    tok.add_tokens(PROTOCOL_TOKENS)
+    tok.chat_template = qwen2_5_chat_template()
+    add_response_schema(tok)  # so TRL's parse_response reads our tool calls (recognised by template identity)
+    return tok
+
+
+@dataclass
+class TinyModelConfig:
+    """Shape of the tiny Qwen2 models (policy and value/reward)."""
+
+    hidden_size: int = field(default=128, metadata={"help": "Width of the residual stream."})
+    num_hidden_layers: int = field(default=4, metadata={"help": "Number of transformer blocks."})
+    num_attention_heads: int = field(default=4, metadata={"help": "Query heads per block."})
+    num_key_value_heads: int = field(
+        default=2,
+        metadata={"help": "Key/value heads (grouped-query attention); must divide the query heads."},
+    )
+    intermediate_size: int = field(default=512, metadata={"help": "Width of the MLP hidden layer."})
+    max_position_embeddings: int = field(
+        default=2048, metadata={"help": "Longest sequence the model accepts."}
+    )
+    tie_word_embeddings: bool = field(default=True, metadata={"help": "Share input embedding and LM head."})
+    rope_theta: float = field(default=10000.0, metadata={"help": "RoPE base frequency."})
+    attn_implementation: str = field(
+        default="sdpa",
+        metadata={"help": "Attention kernel: 'sdpa' or 'eager' (both handle padded KV appends)."},
+    )
+    seed: int = field(default=0, metadata={"help": "Seed of the random initialisation."})
+
+    def validate(self) -> None:
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(
+                f"num_key_value_heads={self.num_key_value_heads} must divide "
+                f"num_attention_heads={self.num_attention_heads}"
+            )
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(
+                f"hidden_size={self.hidden_size} must be a multiple of num_attention_heads={self.num_attention_heads}"
+            )
+
+
+def qwen2_config(tokenizer: PreTrainedTokenizerBase, cfg: TinyModelConfig, **extra: Any) -> Qwen2Config:
+    """A Qwen2Config sized by `cfg` whose vocabulary and special ids come from `tokenizer`."""
+    cfg.validate()
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=cfg.hidden_size,
+        num_hidden_layers=cfg.num_hidden_layers,
+        num_attention_heads=cfg.num_attention_heads,
+        num_key_value_heads=cfg.num_key_value_heads,
+        intermediate_size=cfg.intermediate_size,
+        max_position_embeddings=cfg.max_position_embeddings,
+        tie_word_embeddings=cfg.tie_word_embeddings,
+        rope_theta=cfg.rope_theta,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=None,
+        **extra,
+    )
+    config._attn_implementation = cfg.attn_implementation
+    return config
+
+
+def _build(model_cls: type[PreTrainedModel], config: Qwen2Config, seed: int) -> PreTrainedModel:
+    # Seed only the initialisation, restoring the caller's RNG so building a model has no side effect.
+    state = torch.random.get_rng_state()
+    torch.manual_seed(seed)
+    try:
+        model = model_cls(config)
+    finally:
+        torch.random.set_rng_state(state)
+    generation_config = getattr(model, "generation_config", None)
+    if generation_config is not None:
+        generation_config.pad_token_id = config.pad_token_id
+        generation_config.eos_token_id = config.eos_token_id
+    return model.float().eval()
+
+
+def build_policy(tokenizer: PreTrainedTokenizerBase, cfg: TinyModelConfig | None = None) -> Qwen2ForCausalLM:
+    """A freshly initialised tiny Qwen2 causal LM over `tokenizer`'s vocabulary (float32)."""
+    cfg = cfg or TinyModelConfig()
+    return _build(Qwen2ForCausalLM, qwen2_config(tokenizer, cfg), cfg.seed)
+
+
+def build_value_model(
+    tokenizer: PreTrainedTokenizerBase, cfg: TinyModelConfig | None = None
+) -> Qwen2ForSequenceClassification:
+    """A tiny Qwen2 with a scalar head (`num_labels=1`) for the value or reward model."""
+    cfg = cfg or TinyModelConfig()
+    config = qwen2_config(tokenizer, cfg, num_labels=1)
+    return _build(Qwen2ForSequenceClassification, config, cfg.seed + 1)
+
+
+def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
+    """Load a tokenizer from a local directory (never the hub) with left padding and a pad token."""
+    tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    tok.padding_side = "left"
+    if tok.pad_token_id is None:
+        raise ValueError(f"tokenizer at {path} has no pad token; set one distinct from EOS and save it again")
+    if tok.pad_token_id == tok.eos_token_id:
+        raise ValueError(
+            f"tokenizer at {path}: pad token equals EOS ({tok.eos_token!r}); masks would hide real EOS tokens. "
+            "Set a distinct pad token (Qwen2.5 uses <|endoftext|>)."
+        )
+    return tok
+
+
+def load_policy(path: str | Path, dtype: torch.dtype = torch.float32) -> PreTrainedModel:
+    """Load any causal LM from a local directory (tiny or a real Qwen), in eval mode."""
+    return AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True, dtype=dtype).eval()
+
+
+def load_value_model(path: str | Path, dtype: torch.dtype = torch.float32) -> PreTrainedModel:
+    """Load a sequence-classification (value/reward) model from a local directory."""
+    return AutoModelForSequenceClassification.from_pretrained(
+        str(path), local_files_only=True, dtype=dtype, num_labels=1
+    ).eval()

@@ -1,0 +1,96 @@
+"""Batch metrics of a rollout: search latency, tool failures, terminations, token throughput.
+
+Why: a search agent fails quietly (timeouts become observations, budgets end episodes); these numbers
+are what makes that visible in the training log. Names are flat `group/name` keys, logged as they are:
+`tools/calls_per_episode`, `tools/failure_rate`, `tools/failures/<status>`, `search/latency_p50_ms`,
+`search/latency_p99_ms`, `termination/<reason>` (share of episodes), `rollout/tokens_per_s`, ...
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Sequence
+
+from searchrl.rollout.trajectory import TERMINATION_REASONS, TOOL_STATUSES, Trajectory
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The q-th percentile (0..100) with linear interpolation between order statistics; 0.0 when empty."""
+    if not 0.0 <= q <= 100.0:
+        raise ValueError(f"percentile q={q} must be within [0, 100]")
+    if not values:
+        return 0.0
+    ordered = sorted(float(v) for v in values)
+    rank = (len(ordered) - 1) * q / 100.0
+    low, high = math.floor(rank), math.ceil(rank)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def tool_stats(trajectories: Sequence[Trajectory]) -> dict[str, float]:
+    """Calls per episode, failure rate and counts by status, and search latency p50/p99 of the ok calls."""
+    records = [rec for t in trajectories for rec in t.tool_calls]
+    statuses = Counter(rec.status for rec in records)
+    failures = sum(n for status, n in statuses.items() if status != "ok")
+    # Latency of calls that reached the backend: rejected calls (validation, permission) cost ~0 and
+    # would drag the percentiles down.
+    reached = [rec.latency_ms for rec in records if rec.status in ("ok", "timeout", "unavailable", "error")]
+    out: dict[str, float] = {
+        "tools/calls": float(len(records)),
+        "tools/calls_per_episode": len(records) / max(1, len(trajectories)),
+        "tools/failures": float(failures),
+        "tools/failure_rate": failures / max(1, len(records)),
+        "search/latency_p50_ms": percentile(reached, 50),
+        "search/latency_p99_ms": percentile(reached, 99),
+        "search/latency_mean_ms": sum(reached) / max(1, len(reached)),
+    }
+    for status in TOOL_STATUSES:
+        if status != "ok":
+            out[f"tools/failures/{status}"] = float(statuses.get(status, 0))
+    return out
+
+
+def termination_stats(trajectories: Sequence[Trajectory]) -> dict[str, float]:
+    """Share of episodes ending for each reason (every reason present, 0.0 when absent)."""
+    counts = Counter(t.termination for t in trajectories)
+    n = max(1, len(trajectories))
+    return {f"termination/{reason}": counts.get(reason, 0) / n for reason in TERMINATION_REASONS}
+
+
+def token_stats(trajectories: Sequence[Trajectory], wall_s: float) -> dict[str, float]:
+    """Token counts of the final trajectories and the action-token throughput."""
+    total = sum(len(t.input_ids) for t in trajectories)
+    actions = sum(t.num_action_tokens for t in trajectories)
+    prompts = sum(t.prompt_length for t in trajectories)
+    return {
+        "rollout/episodes": float(len(trajectories)),
+        "rollout/tokens": float(total),
+        "rollout/prompt_tokens": float(prompts),
+        "rollout/action_tokens": float(actions),
+        "rollout/observation_tokens": float(total - actions - prompts),
+        "rollout/turns_per_episode": sum(t.num_turns for t in trajectories) / max(1, len(trajectories)),
+        "rollout/wall_s": float(wall_s),
+        "rollout/tokens_per_s": actions / wall_s if wall_s > 0 else 0.0,
+    }
+
+
+def rollout_stats(
+    trajectories: Sequence[Trajectory],
+    wall_s: float,
+    search_s: float = 0.0,
+    model_tokens: int = 0,
+    model_real_tokens: int = 0,
+) -> dict[str, float]:
+    """All batch metrics in one flat dict.
+
+    `model_tokens` is every position a forward pass computed (padding included); `rollout/prefill_ratio`
+    divides it by the tokens of the final trajectories (1.0 = nothing computed twice, nothing wasted).
+    """
+    out = tool_stats(trajectories) | termination_stats(trajectories) | token_stats(trajectories, wall_s)
+    total = out["rollout/tokens"]
+    out["rollout/model_tokens"] = float(model_tokens)
+    out["rollout/model_real_tokens"] = float(model_real_tokens)
+    out["rollout/prefill_ratio"] = model_tokens / total if total else 0.0
+    out["rollout/search_s"] = float(search_s)
+    out["rollout/search_share"] = search_s / wall_s if wall_s > 0 else 0.0
+    return out

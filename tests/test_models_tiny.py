@@ -1,0 +1,139 @@
+"""The tiny offline model: tokenizer + trl's Qwen2.5 template, policy and value models, save/load."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from transformers import Qwen2ForCausalLM, Qwen2ForSequenceClassification
+from trl.chat_template_utils import is_chat_template_prefix_preserving, supports_tool_calling
+
+from searchrl.models.tiny import (
+    PROTOCOL_TOKENS,
+    TinyModelConfig,
+    build_policy,
+    build_value_model,
+    load_policy,
+    load_tokenizer,
+    load_value_model,
+    qwen2_5_chat_template,
+    tokenizer_training_texts,
+    train_tokenizer,
+    trl_chat_template_path,
+)
+
+CORPUS = [
+    {"id": "d1", "title": "Varnholt", "contents": "Varnholt is a river town in Quessa, founded in 1412."},
+    {"id": "d2", "title": "Quessa", "contents": "Quessa is a mountain province whose capital is Orlenn."},
+]
+QA = [{"id": "q1", "question": "In which province is Varnholt?", "golds": ["Quessa"]}]
+SMALL = TinyModelConfig(
+    hidden_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, intermediate_size=64
+)
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return train_tokenizer(tokenizer_training_texts(CORPUS * 3, QA * 3), vocab_size=400)
+
+
+def test_special_tokens_pad_differs_from_eos_and_left_padding(tok):
+    assert tok.eos_token == "<|im_end|>"
+    assert tok.pad_token == "<|endoftext|>"
+    assert tok.pad_token_id != tok.eos_token_id
+    assert tok.padding_side == "left"
+    for tag in PROTOCOL_TOKENS + ["<|im_start|>", "<|im_end|>"]:
+        assert len(tok.encode(tag, add_special_tokens=False)) == 1, tag
+
+
+def test_protocol_tags_survive_decode(tok):
+    text = '<tool_call>\n{"name": "search", "arguments": {"query": "Varnholt"}}\n</tool_call>'
+    ids = tok.encode(text, add_special_tokens=False)
+    assert tok.decode(ids) == text
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.text(max_size=80))
+def test_byte_level_round_trip_any_text(tok, text):
+    ids = tok.encode(text, add_special_tokens=False)
+    assert tok.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False) == text
+
+
+def test_chat_template_is_trls_file_and_trl_accepts_it(tok):
+    assert trl_chat_template_path().name == "qwen2_5.jinja"
+    assert tok.chat_template == qwen2_5_chat_template()
+    assert supports_tool_calling(tok)
+    assert is_chat_template_prefix_preserving(tok)
+    # add_response_schema recognised the template: TRL's parse_response reads our tool calls.
+    parsed = tok.parse_response(
+        '<tool_call>\n{"name": "search", "arguments": {"query": "Quessa"}}\n</tool_call><|im_end|>', prefix=""
+    )
+    assert parsed["tool_calls"][0]["function"] == {"name": "search", "arguments": {"query": "Quessa"}}
+
+
+def test_template_renders_tool_turns(tok):
+    messages = [
+        {"role": "user", "content": "q"},
+        {"role": "assistant", "content": "<tool_call>x</tool_call>"},
+        {"role": "tool", "name": "search", "content": "RESULT"},
+    ]
+    text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert text.endswith(
+        "<|im_start|>user\n<tool_response>\nRESULT\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    )
+
+
+def test_too_small_vocab_is_refused():
+    with pytest.raises(ValueError, match="vocab_size"):
+        train_tokenizer(["abc"], vocab_size=100)
+
+
+def test_bad_head_config_is_refused(tok):
+    with pytest.raises(ValueError, match="num_key_value_heads"):
+        build_policy(tok, TinyModelConfig(num_attention_heads=4, num_key_value_heads=3))
+
+
+def test_policy_and_value_models_round_trip(tok, tmp_path):
+    policy = build_policy(tok, SMALL)
+    value = build_value_model(tok, SMALL)
+    assert isinstance(policy, Qwen2ForCausalLM) and isinstance(value, Qwen2ForSequenceClassification)
+    assert policy.config.vocab_size == len(tok)
+    assert value.config.num_labels == 1 and value.config.pad_token_id == tok.pad_token_id
+    ids = torch.tensor([tok.encode("Varnholt is a river town", add_special_tokens=False)])
+    with torch.no_grad():
+        logits = policy(ids).logits
+        score = value(ids).logits
+    assert logits.shape == (1, ids.shape[1], len(tok)) and score.shape == (1, 1)
+
+    policy.save_pretrained(tmp_path / "policy")
+    tok.save_pretrained(tmp_path / "policy")
+    value.save_pretrained(tmp_path / "value")
+    tok2 = load_tokenizer(tmp_path / "policy")
+    policy2 = load_policy(tmp_path / "policy")
+    value2 = load_value_model(tmp_path / "value")
+    assert tok2.encode("<answer>Quessa [d2]</answer>") == tok.encode("<answer>Quessa [d2]</answer>")
+    assert tok2.chat_template == tok.chat_template and tok2.pad_token_id == tok.pad_token_id
+    with torch.no_grad():
+        assert torch.allclose(policy2(ids).logits, logits, atol=1e-6)
+        assert torch.allclose(value2(ids).logits, score, atol=1e-6)
+
+
+def test_build_is_seeded_and_leaves_global_rng_alone(tok):
+    torch.manual_seed(123)
+    before = torch.rand(1)
+    torch.manual_seed(123)
+    a = build_policy(tok, SMALL)
+    after = torch.rand(1)
+    b = build_policy(tok, SMALL)
+    assert torch.equal(before, after)
+    assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters(), strict=True))
+
+
+def test_load_tokenizer_refuses_pad_equal_eos(tok, tmp_path):
+    tok.save_pretrained(tmp_path)
+    broken = load_tokenizer(tmp_path)
+    broken.pad_token = broken.eos_token
+    broken.save_pretrained(tmp_path / "broken")
+    with pytest.raises(ValueError, match="pad token equals EOS"):
+        load_tokenizer(tmp_path / "broken")
