@@ -1,0 +1,665 @@
+"""`SearchEnvironment`: the state machine between the policy's turns and the search backend.
+
+One episode: `reset(row)` gives the prompt messages; then each finished policy turn goes to `step(text)`
+(or, for a whole batch of rows that paused at the same step, `step_batch(envs, texts)`), which
+
+1. parses the turn (`protocol.parse_turn`): tool calls, a final answer, or what is malformed;
+2. validates every call (pydantic schema), authorises it (allow-list) and checks the budgets;
+3. sends all accepted searches of all rows as ONE `backend.search(queries, k)` per distinct
+   (backend, k), under a hard deadline, with retries and a shared circuit breaker (`guard.BackendGuard`);
+4. turns hits into sanitised, numbered, truncated observations, and every rejected or failed call
+   into an observation that says what was wrong and how to call the tool correctly.
+
+Termination (`StepResult.termination`, one of `TERMINATION_REASONS`):
+
+- ``answered``: the turn holds one well-formed ``<answer>`` (the answer wins over tool calls in the
+  same turn: those are recorded by the parser but not executed);
+- ``no_answer``: a turn with neither a tool call nor an answer, or a malformed answer (several
+  ``<answer>`` blocks, an unclosed one);
+- ``max_turns``: the turn numbered `max_turns` did not answer (its calls are not executed: there is no
+  next turn to read their results; they are recorded with status ``over_budget``);
+- ``max_tool_calls``: calls beyond `max_tool_calls` get an "over budget" observation once (status
+  ``over_budget``, the backend is never called); if the policy tries again in a later turn instead of
+  answering, the episode ends;
+- ``token_budget``: the tokens after the prompt (actions + observations) would exceed
+  `max_total_tokens`; the env refuses to add such an observation. The rollout knows the exact token
+  counts and may also end the episode itself with `finish("token_budget")`;
+- ``error``: set only from outside through `finish("error")` (a failed call is an observation, never a
+  crash or an end).
+
+Token counts use the tokenizer when one is given, else white-space words.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from searchrl.common.config import ConfigError
+from searchrl.env.guard import BackendGuard, BatchOutcome, Flight, guard_for
+from searchrl.env.protocol import (
+    ANSWER_CLOSE,
+    ANSWER_OPEN,
+    PROTOCOLS,
+    SEARCH_CLOSE,
+    SEARCH_OPEN,
+    ToolCall,
+    Turn,
+    check_call,
+    correct_call_hint,
+    parse_turn,
+)
+from searchrl.env.sanitize import sanitize_text, special_tokens_of
+from searchrl.env.tools import DEFAULT_REGISTRY, ArgLimits, ToolRegistry
+from searchrl.rollout.trajectory import TERMINATION_REASONS, ToolCallRecord
+from searchrl.search.base import Backend, Hit
+
+TRUNCATION_MARKER = "[... truncated]"
+
+# Tools the environment knows how to execute. Other registered tools can be named (and denied) only.
+EXECUTABLE_TOOLS = ("search",)
+
+DEFAULT_SYSTEM_PROMPT_CHAT = (
+    "Answer the question. Use the search tool to find documents; you may search more than once. "
+    f"When you know the answer, reply {ANSWER_OPEN}ANSWER [doc_id]{ANSWER_CLOSE}, citing in square brackets "
+    "the ids of the documents that support it."
+)
+DEFAULT_SYSTEM_PROMPT_SEARCH_R1 = (
+    f"Answer the question. To search, write {SEARCH_OPEN}query{SEARCH_CLOSE}; the results appear between "
+    "<information> and </information>. You may search more than once. When you know the answer, write "
+    f"{ANSWER_OPEN}ANSWER [doc_id]{ANSWER_CLOSE}, citing in square brackets the ids of the documents that "
+    "support it."
+)
+
+
+@dataclass
+class EnvConfig:
+    """Protocol, budgets, limits and failure handling of a `SearchEnvironment`."""
+
+    protocol: Literal["chat", "search_r1"] = field(
+        default="chat",
+        metadata={
+            "help": "How the policy calls tools: 'chat' (<tool_call> JSON, tool messages) or 'search_r1'."
+        },
+    )
+    max_turns: int = field(
+        default=4,
+        metadata={"help": "Policy turns per episode; the last one must answer (its calls are not run)."},
+    )
+    max_tool_calls: int = field(
+        default=4, metadata={"help": "Searches per episode; further calls get an 'over budget' observation."}
+    )
+    max_total_tokens: int = field(
+        default=1024, metadata={"help": "Tokens after the prompt (actions + observations) per episode."}
+    )
+    max_observation_tokens: int = field(
+        default=256, metadata={"help": "Tokens per observation; longer ones are cut with '[... truncated]'."}
+    )
+    topk: int = field(default=3, metadata={"help": "Documents per search when the call gives no k."})
+    max_topk: int = field(default=10, metadata={"help": "Largest k a call may ask for."})
+    max_query_chars: int = field(default=256, metadata={"help": "Longest query accepted, in characters."})
+    tool_timeout_s: float = field(
+        default=5.0,
+        metadata={"help": "Deadline of one batched search call, enforced even if the backend hangs."},
+    )
+    max_retries: int = field(
+        default=1,
+        metadata={"help": "Retries of a search that failed with SearchUnavailable (within the deadline)."},
+    )
+    retry_backoff_s: float = field(
+        default=0.05, metadata={"help": "First retry delay in seconds; doubles with every retry."}
+    )
+    allowed_tools: list[str] = field(
+        default_factory=lambda: ["search"],
+        metadata={"help": "Allow-list: a call to any other tool is a permission denial."},
+    )
+    breaker_failures: int = field(
+        default=3, metadata={"help": "Consecutive failed batches after which the circuit breaker opens."}
+    )
+    breaker_reset_s: float = field(
+        default=30.0, metadata={"help": "Seconds the open breaker refuses calls before one trial batch."}
+    )
+    system_prompt: str | None = field(
+        default=None, metadata={"help": "System prompt; empty/None uses the protocol's short default."}
+    )
+
+    def __post_init__(self) -> None:
+        if self.protocol not in PROTOCOLS:
+            raise ConfigError(f"protocol: {self.protocol!r} is not one of {list(PROTOCOLS)}")
+        for name in (
+            "max_turns",
+            "max_tool_calls",
+            "max_total_tokens",
+            "topk",
+            "max_topk",
+            "max_query_chars",
+        ):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name}: must be >= 1, got {getattr(self, name)}")
+        if self.max_observation_tokens < 16:
+            raise ConfigError(
+                f"max_observation_tokens: must be >= 16 (room for a document and the truncation marker), "
+                f"got {self.max_observation_tokens}"
+            )
+        if self.topk > self.max_topk:
+            raise ConfigError(f"topk: {self.topk} is larger than max_topk={self.max_topk}")
+        if self.tool_timeout_s <= 0:
+            raise ConfigError(f"tool_timeout_s: must be > 0 seconds, got {self.tool_timeout_s}")
+        if self.max_retries < 0 or self.retry_backoff_s < 0:
+            raise ConfigError("max_retries and retry_backoff_s must be >= 0")
+        if self.breaker_failures < 1 or self.breaker_reset_s < 0:
+            raise ConfigError("breaker_failures must be >= 1 and breaker_reset_s >= 0")
+        for name in self.allowed_tools:
+            if name not in EXECUTABLE_TOOLS:
+                raise ConfigError(
+                    f"allowed_tools: {name!r} cannot be executed by SearchEnvironment; allow only {list(EXECUTABLE_TOOLS)}"
+                )
+
+    @property
+    def limits(self) -> ArgLimits:
+        return ArgLimits(topk=self.topk, max_topk=self.max_topk, max_query_chars=self.max_query_chars)
+
+
+@dataclass
+class StepResult:
+    """What happens after one policy turn. See the module docstring for the termination rules."""
+
+    done: bool
+    termination: str | None = None
+    tool_messages: list[dict[str, Any]] = field(default_factory=list)
+    inline_observation: str | None = None
+    records: list[ToolCallRecord] = field(default_factory=list)
+    answer: str | None = None
+    citations: list[str] = field(default_factory=list)
+    error: str | None = None
+    injection_attempts: int = 0
+
+
+class TokenCounter:
+    """Counts and cuts text in tokens of `tokenizer` (an HF tokenizer), or in white-space words."""
+
+    _WORD = re.compile(r"\S+")
+
+    def __init__(self, tokenizer: Any | None = None) -> None:
+        self.tokenizer = tokenizer
+
+    def count(self, text: str) -> int:
+        if not text:
+            return 0
+        if self.tokenizer is None:
+            return len(text.split())
+        return len(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def head(self, text: str, n: int) -> str:
+        """The longest prefix of `text` that is at most `n` tokens (cut on token boundaries)."""
+        if n <= 0:
+            return ""
+        if self.tokenizer is None:
+            words = list(self._WORD.finditer(text))
+            return text if len(words) <= n else text[: words[n - 1].end()]
+        try:
+            enc = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+            offsets = enc["offset_mapping"]
+            return text if len(offsets) <= n else text[: offsets[n - 1][1]]
+        except (NotImplementedError, KeyError, TypeError, ValueError):  # slow tokenizer: decode a prefix
+            ids = self.tokenizer.encode(text, add_special_tokens=False)
+            return text if len(ids) <= n else self.tokenizer.decode(ids[:n])
+
+
+@dataclass
+class _Slot:
+    """One call of a turn on its way to an observation."""
+
+    record: ToolCallRecord
+    content: str | None = None
+    query: str | None = None
+    k: int | None = None
+    shown: dict[str, str] = field(default_factory=dict)
+    injections: int = 0
+
+
+@dataclass
+class _Plan:
+    env: SearchEnvironment
+    turn: Turn
+    slots: list[_Slot] = field(default_factory=list)
+    result: StepResult | None = None  # set when the turn ends the episode before any search
+
+
+class SearchEnvironment:
+    """One episode at a time of question answering with a search tool (see the module docstring)."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        config: EnvConfig | None = None,
+        tokenizer: Any | None = None,
+        registry: ToolRegistry | None = None,
+    ) -> None:
+        self.config = config if config is not None else EnvConfig()
+        self.registry = registry if registry is not None else DEFAULT_REGISTRY
+        for name in self.config.allowed_tools:
+            if name not in self.registry:
+                raise ConfigError(f"allowed_tools: {name!r} is not a registered tool ({self.registry.names})")
+        self.backend = backend
+        self.guard: BackendGuard = guard_for(
+            backend, self.config.breaker_failures, self.config.breaker_reset_s
+        )
+        self.tokenizer = tokenizer
+        self.counter = TokenCounter(tokenizer)
+        self._extra_special = special_tokens_of(tokenizer)
+        self._glue_per_message, self._glue_per_turn = self._estimate_glue()
+        self.row: dict[str, Any] | None = None
+        self._clear_episode()
+
+    # -- public surface ----------------------------------------------------------------------------
+    @property
+    def tools(self) -> list[dict[str, Any]]:
+        """JSON tool schemas for `apply_chat_template(tools=...)` (chat protocol; `[]` for search_r1)."""
+        if self.config.protocol != "chat":
+            return []
+        return self.registry.schemas(self.config.allowed_tools, self.config.limits)
+
+    @property
+    def stop_strings(self) -> list[str]:
+        """Stop strings besides EOS: search_r1 stops at the closing tags."""
+        return [SEARCH_CLOSE, ANSWER_CLOSE] if self.config.protocol == "search_r1" else []
+
+    @property
+    def system_prompt(self) -> str:
+        if self.config.system_prompt:
+            return self.config.system_prompt
+        return (
+            DEFAULT_SYSTEM_PROMPT_CHAT if self.config.protocol == "chat" else DEFAULT_SYSTEM_PROMPT_SEARCH_R1
+        )
+
+    def reset(self, row: dict[str, Any]) -> list[dict[str, Any]]:
+        """Start an episode for `row` (needs `question`; `id` and `golds` are kept) -> [system, user]."""
+        if not isinstance(row, dict):
+            raise TypeError(f"reset(row) takes a dict with a 'question', got {type(row).__name__}")
+        question = row.get("question")
+        if not isinstance(question, str) or not question.strip():
+            raise ValueError(f"reset(row): the row needs a non-empty 'question' string, got {question!r}")
+        self.row = dict(row)
+        self._clear_episode()
+        return [
+            {"role": "system", "content": self.system_prompt},
+            {"role": "user", "content": question.strip()},
+        ]
+
+    def step(self, text: str) -> StepResult:
+        """One finished policy turn (decoded sampled text, without EOS) in; what happens next out."""
+        return step_batch([self], [text])[0]
+
+    def finish(self, reason: str) -> None:
+        """End the episode from outside (e.g. the rollout hit its exact token budget)."""
+        if reason not in TERMINATION_REASONS:
+            raise ValueError(f"finish({reason!r}): reason must be one of {list(TERMINATION_REASONS)}")
+        if not self.done:
+            self.done, self.termination = True, reason
+
+    def call_tool(self, name: str, arguments: dict[str, Any]) -> tuple[ToolCallRecord, str]:
+        """Run one call outside a parsed turn (TRL's tool loop): the same validation, allow-list, budget,
+        deadline and rendering as `step`. Returns the record and the observation text; never raises for
+        a bad call. Once the episode has ended, every call gets an observation saying so."""
+        self._check_can_step()
+        call = check_call(ToolCall(name=str(name), arguments=arguments), self.registry, self.config.limits)
+        plan = _Plan(env=self, turn=Turn(text="", protocol=self.config.protocol, tool_calls=[call]))
+        self._plan_calls(plan, turn_index=len(self.turns))
+        if plan.result is not None:
+            record = plan.result.records[0]
+            return record, f"Error ({record.status}): {record.error}. Answer now."
+        _execute([plan])
+        result = self._finish_turn(plan)
+        record = plan.slots[0].record
+        if result.done:
+            return record, f"Error: {result.error}. Answer now."
+        return record, plan.slots[0].content or ""
+
+    @property
+    def question(self) -> str:
+        return "" if self.row is None else str(self.row.get("question", "")).strip()
+
+    @property
+    def stats(self) -> dict[str, Any]:
+        """Per-episode counters for the training metrics."""
+        statuses: dict[str, int] = {}
+        for rec in self.records:
+            statuses[rec.status] = statuses.get(rec.status, 0) + 1
+        return {
+            "turns": len(self.turns),
+            "tool_calls": len(self.records),
+            "searches_sent": self.searches_sent,
+            "tokens_used": self.tokens_used,
+            "injection_attempts": self.injection_attempts,
+            "statuses": statuses,
+        }
+
+    # -- episode state -----------------------------------------------------------------------------
+    def _clear_episode(self) -> None:
+        self.done = False
+        self.termination: str | None = None
+        self.turns: list[Turn] = []
+        self.records: list[ToolCallRecord] = []
+        self.retrieved: dict[str, str] = {}
+        self.observations: list[str] = []
+        self.answer: str | None = None
+        self.citations: list[str] = []
+        self.final_text = ""
+        self.tokens_used = 0  # after the prompt; the rollout may overwrite it with its exact count
+        self.searches_sent = 0
+        self.injection_attempts = 0
+        self._over_budget_warned = False
+
+    def _estimate_glue(self) -> tuple[int, int]:
+        """Template tokens around tool results (chat): per tool message and per observation turn."""
+        if self.config.protocol != "chat" or self.tokenizer is None:
+            return 0, 0
+        per_message = self.counter.count("\n<tool_response>\n\n</tool_response>")
+        per_turn = self.counter.count("<|im_start|>user<|im_end|>\n<|im_start|>assistant\n")
+        return per_message, per_turn
+
+    # -- turn processing (called by step_batch) ------------------------------------------------------
+    def _check_can_step(self) -> None:
+        if self.row is None:
+            raise RuntimeError("SearchEnvironment.step: call reset(row) before the first step")
+        if self.done:
+            raise RuntimeError(
+                f"SearchEnvironment.step: the episode already ended ({self.termination}); call reset(row) first"
+            )
+
+    def _plan_turn(self, text: str) -> _Plan:
+        self._check_can_step()
+        cfg = self.config
+        text = text if isinstance(text, str) else str(text)
+        turn = parse_turn(text, cfg.protocol, self.registry, cfg.limits)
+        self.turns.append(turn)
+        self.final_text = text
+        self.tokens_used += self.counter.count(text) + (1 if self.tokenizer is not None else 0)  # + EOS/stop
+        plan = _Plan(env=self, turn=turn)
+        turn_index = len(self.turns) - 1
+
+        if turn.answer is not None:
+            self.answer, self.citations = turn.answer, list(turn.citations)
+            plan.result = self._end("answered", answer=turn.answer, citations=list(turn.citations))
+        elif turn.answer_error is not None:
+            plan.result = self._end("no_answer", error=turn.error)
+        elif not turn.has_actions:
+            plan.result = self._end(
+                "no_answer",
+                error="the turn has neither a tool call nor an answer",
+            )
+        elif len(self.turns) >= cfg.max_turns:
+            plan.result = self._end_unexecuted(
+                turn, turn_index, "max_turns", f"turn limit ({cfg.max_turns}) reached"
+            )
+        elif self.tokens_used >= cfg.max_total_tokens:
+            plan.result = self._end_unexecuted(
+                turn, turn_index, "token_budget", f"token budget ({cfg.max_total_tokens}) used up"
+            )
+        else:
+            self._plan_calls(plan, turn_index)
+        return plan
+
+    def _end(self, reason: str, **kwargs: Any) -> StepResult:
+        self.done, self.termination = True, reason
+        return StepResult(done=True, termination=reason, **kwargs)
+
+    def _end_unexecuted(self, turn: Turn, turn_index: int, reason: str, why: str) -> StepResult:
+        records = [
+            ToolCallRecord(
+                name=c.name, arguments=c.arguments, status="over_budget", error=why, turn_index=turn_index
+            )
+            for c in turn.tool_calls
+        ]
+        self.records.extend(records)
+        return self._end(reason, records=records, error=why)
+
+    def _plan_calls(self, plan: _Plan, turn_index: int) -> None:
+        cfg = self.config
+        hint = correct_call_hint(cfg.protocol, self.registry)
+        over_budget = False
+        for call in plan.turn.tool_calls:
+            record = ToolCallRecord(name=call.name, arguments=call.arguments, turn_index=turn_index)
+            slot = _Slot(record=record)
+            if not call.ok:
+                self._reject(slot, str(call.status), str(call.error), hint)
+            elif call.name not in cfg.allowed_tools:
+                allowed = ", ".join(cfg.allowed_tools) or "none"
+                self._reject(
+                    slot,
+                    "permission_denied",
+                    f"the tool {call.name!r} is not allowed here; allowed tools: {allowed}",
+                    hint,
+                )
+            elif self.searches_sent >= cfg.max_tool_calls:
+                over_budget = True
+                self._reject(
+                    slot,
+                    "over_budget",
+                    f"search budget used up ({cfg.max_tool_calls} of {cfg.max_tool_calls} searches); no more "
+                    "searches will run",
+                    f"Answer now with {ANSWER_OPEN}ANSWER [doc_id]{ANSWER_CLOSE}.",
+                )
+            else:
+                assert call.validated is not None
+                slot.query, slot.k = str(call.validated["query"]), int(call.validated["k"])
+                record.arguments = dict(call.validated)
+                self.searches_sent += 1
+            plan.slots.append(slot)
+        for message in plan.turn.malformed:
+            slot = _Slot(record=ToolCallRecord(name="", arguments={}, turn_index=turn_index))
+            self._reject(slot, "malformed", message, hint)
+            plan.slots.append(slot)
+        if over_budget and self._over_budget_warned:
+            # Told once already: trying again instead of answering ends the episode.
+            records = [s.record for s in plan.slots]
+            self.records.extend(records)
+            plan.slots = []
+            plan.result = self._end(
+                "max_tool_calls", records=records, error=f"tool-call budget ({cfg.max_tool_calls}) exhausted"
+            )
+        self._over_budget_warned = self._over_budget_warned or over_budget
+
+    def _reject(self, slot: _Slot, status: str, detail: str, hint: str) -> None:
+        """An error observation: the (sanitised) problem, then the env's own trusted advice.
+
+        The detail may quote the policy's text (a tool name, a JSON error), so it is sanitised; the hint is
+        ours and keeps its real markup so the policy sees exactly how a correct call or answer looks."""
+        slot.record.status = status
+        slot.record.error = detail
+        clean_detail = self._sanitize(detail)[0]
+        slot.content = self._fit(f"Error ({status}): {clean_detail}. {hint}")
+
+    def _deliver(self, slot: _Slot, outcome: BatchOutcome, hits: list[Hit] | None) -> None:
+        """Turn one call's share of a batch outcome into its record and observation."""
+        slot.record.latency_ms = outcome.latency_ms
+        slot.record.status = outcome.status
+        if outcome.status != "ok" or hits is None:
+            slot.record.error = outcome.error
+            slot.content = self._fit(self._sanitize(_failure_message(outcome, self.config))[0])
+            return
+        slot.record.doc_ids = [h.doc_id for h in hits]
+        slot.content, slot.shown, slot.injections = self._render_hits(str(slot.query), hits)
+
+    def _finish_turn(self, plan: _Plan) -> StepResult:
+        if plan.result is not None:
+            return plan.result
+        cfg = self.config
+        records = [s.record for s in plan.slots]
+        self.records.extend(records)
+        contents = [s.content or "" for s in plan.slots]
+        errors = [f"{r.status}: {r.error}" for r in records if r.status != "ok" and r.error]
+        error = " | ".join(errors) if errors else None
+        if cfg.protocol == "chat":
+            cost = sum(self.counter.count(c) + self._glue_per_message for c in contents) + self._glue_per_turn
+        else:
+            inline = "".join(f"\n\n<information>{c}</information>\n\n" for c in contents)
+            cost = self.counter.count(inline)
+        if self.tokens_used + cost > cfg.max_total_tokens:
+            return self._end(
+                "token_budget",
+                records=records,
+                error=f"the observation ({cost} tokens) would exceed the token budget ({cfg.max_total_tokens})",
+            )
+        self.tokens_used += cost
+        self.observations.extend(contents)
+        injections = 0
+        for slot in plan.slots:
+            self.retrieved.update(slot.shown)
+            injections += slot.injections
+        self.injection_attempts += injections
+        result = StepResult(done=False, records=records, error=error, injection_attempts=injections)
+        if cfg.protocol == "chat":
+            result.tool_messages = [{"role": "tool", "name": "search", "content": c} for c in contents]
+        else:
+            result.inline_observation = inline
+        return result
+
+    # -- observations ------------------------------------------------------------------------------
+    def _sanitize(self, text: str) -> tuple[str, int]:
+        clean = sanitize_text(text, self._extra_special)
+        return clean.text, clean.injection_attempts
+
+    def _render_hits(self, query: str, hits: list[Hit]) -> tuple[str, dict[str, str], int]:
+        """Numbered documents -> (observation text, {doc_id: shown title+text}, injection attempts)."""
+        if not hits:
+            shown_query = self._sanitize(query)[0]
+            return self._fit(f'No documents found for "{shown_query}". Try other keywords.'), {}, 0
+        blocks: list[tuple[str, str, str, str]] = []  # (doc_id, title, header, body)
+        injections = 0
+        for rank, hit in enumerate(hits, start=1):
+            doc_id, n0 = self._sanitize(hit.doc_id)
+            title, n1 = self._sanitize(" ".join(hit.title.split()))
+            body, n2 = self._sanitize(hit.text.strip())
+            injections += n0 + n1 + n2
+            if self.config.protocol == "chat":
+                header = f"[{rank}] (id: {doc_id}) {title}".rstrip()
+            else:
+                header = f"Doc {rank} (id: {doc_id}, Title: {title})"
+            blocks.append((hit.doc_id, title, header, body))
+        text, kept = self._fit_blocks([(header, body) for _, _, header, body in blocks])
+        shown = {
+            doc_id: f"{title}\n{body}" for (doc_id, title, _, _), body in zip(blocks, kept, strict=False)
+        }
+        return text, shown, injections
+
+    def _join_block(self, header: str, body: str) -> str:
+        sep = "\n" if self.config.protocol == "chat" else " "
+        return f"{header}{sep}{body}" if body else header
+
+    def _join_blocks(self, blocks: list[str]) -> str:
+        return ("\n\n" if self.config.protocol == "chat" else "\n").join(blocks)
+
+    def _fit_blocks(self, blocks: list[tuple[str, str]]) -> tuple[str, list[str]]:
+        """Join document blocks within `max_observation_tokens`: whole blocks first, then a cut one.
+
+        Returns the text and the body shown of each document kept (in order)."""
+        limit = self.config.max_observation_tokens
+        full = self._join_blocks([self._join_block(h, b) for h, b in blocks])
+        if self.counter.count(full) <= limit:
+            return full, [b for _, b in blocks]
+        kept_text: list[str] = []
+        kept_bodies: list[str] = []
+        for header, body in blocks:
+            whole = self._join_block(header, body)
+            if self._fits(kept_text + [whole], limit):
+                kept_text.append(whole)
+                kept_bodies.append(body)
+                continue
+            cut = self._longest_body_that_fits(kept_text, header, body, limit)
+            if cut is not None:
+                kept_text.append(self._join_block(header, cut) if cut else header)
+                kept_bodies.append(cut)
+            break
+        return self._join_blocks(kept_text + [TRUNCATION_MARKER]), kept_bodies
+
+    def _fits(self, blocks: list[str], limit: int) -> bool:
+        return self.counter.count(self._join_blocks(blocks + [TRUNCATION_MARKER])) <= limit
+
+    def _longest_body_that_fits(self, kept: list[str], header: str, body: str, limit: int) -> str | None:
+        if not self._fits(kept + [header], limit):
+            return None
+        lo, hi = 0, self.counter.count(body)  # binary search on the number of body tokens
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if self._fits(kept + [self._join_block(header, self.counter.head(body, mid))], limit):
+                lo = mid
+            else:
+                hi = mid - 1
+        return self.counter.head(body, lo)
+
+    def _fit(self, text: str) -> str:
+        """Cut a plain observation to `max_observation_tokens`, marker included."""
+        limit = self.config.max_observation_tokens
+        if self.counter.count(text) <= limit:
+            return text
+        n = limit - self.counter.count(TRUNCATION_MARKER) - 1
+        while n > 0:
+            candidate = f"{self.counter.head(text, n)}\n{TRUNCATION_MARKER}"
+            if self.counter.count(candidate) <= limit:
+                return candidate
+            n -= 1
+        return TRUNCATION_MARKER
+
+
+def _failure_message(outcome: BatchOutcome, cfg: EnvConfig) -> str:
+    """What went wrong with the search and what the policy can do about it."""
+    detail = f" ({outcome.error})" if outcome.error else ""
+    advice = {
+        "timeout": f"the search timed out after {cfg.tool_timeout_s:g} s{detail}. Try again with a shorter, more "
+        "specific query, or answer with what you have found.",
+        "unavailable": f"the search service is unavailable{detail}. Try again later, or answer with what you "
+        "have found.",
+        "bad_request": f"the search service rejected the request{detail}. Rephrase the query with plain words.",
+        "circuit_open": f"the search service is failing repeatedly and is paused{detail}. Answer with what you "
+        "have found so far.",
+    }.get(
+        outcome.status,
+        f"the search failed{detail}. Try again with other words, or answer with what you have.",
+    )
+    return f"Error ({outcome.status}): {advice}"
+
+
+def step_batch(envs: list[SearchEnvironment], texts: list[str]) -> list[StepResult]:
+    """Step every env with its turn; ONE `backend.search` per distinct (backend, k) for all rows.
+
+    Searches of different (backend, k) groups run concurrently, so the whole call returns within about
+    the largest `tool_timeout_s` even when a backend hangs. Identical queries within a group are sent once.
+    """
+    if len(envs) != len(texts):
+        raise ValueError(
+            f"step_batch: {len(envs)} environments but {len(texts)} texts; give one text per env"
+        )
+    if len({id(env) for env in envs}) != len(envs):
+        raise ValueError("step_batch: the same environment appears twice; give each row its own environment")
+    for env in envs:
+        env._check_can_step()
+    plans = [env._plan_turn(text) for env, text in zip(envs, texts, strict=True)]
+    _execute(plans)
+    return [plan.env._finish_turn(plan) for plan in plans]
+
+
+def _execute(plans: list[_Plan]) -> None:
+    """Run the accepted searches of all plans: one flight per (guard, k, limits), all concurrently."""
+    groups: dict[tuple[int, int, float, int, float], list[tuple[SearchEnvironment, _Slot]]] = {}
+    guards: dict[int, BackendGuard] = {}
+    for plan in plans:
+        cfg = plan.env.config
+        for slot in plan.slots:
+            if slot.query is None or slot.k is None:
+                continue
+            key = (id(plan.env.guard), slot.k, cfg.tool_timeout_s, cfg.max_retries, cfg.retry_backoff_s)
+            guards[id(plan.env.guard)] = plan.env.guard
+            groups.setdefault(key, []).append((plan.env, slot))
+    flights: list[tuple[Flight, list[str], list[tuple[SearchEnvironment, _Slot]]]] = []
+    for (guard_id, k, timeout_s, retries, backoff_s), slots in groups.items():
+        unique = list(dict.fromkeys(str(s.query) for _, s in slots))
+        flight = guards[guard_id].start(unique, k, timeout_s, retries, backoff_s)
+        flights.append((flight, unique, slots))
+    for flight, unique, slots in flights:
+        outcome = flight.wait()
+        by_query = dict(zip(unique, outcome.hits, strict=True)) if outcome.hits is not None else {}
+        for env, slot in slots:
+            env._deliver(slot, outcome, by_query.get(str(slot.query)))

@@ -1,0 +1,127 @@
+"""`SearchToolEnv`: our environment in the shape TRL 1.16's `GRPOTrainer(environment_factory=...)` wants.
+
+TRL probes the class with `inspect.getmembers(type(env), inspect.isfunction)`: `reset` is required,
+`get_reward` is an extra reward source, and every other public function becomes a tool whose JSON
+schema comes from its type hints and Google-style docstring. So the class has exactly three public
+functions (a test holds it to that):
+
+- `reset(**row) -> None`: starts an episode for the dataset row (TRL passes the whole row, `prompt`
+  included; the question is the row's `question`, else the last user message of `prompt`). It
+  returns None because the dataset's prompt already holds the question.
+- `search(query) -> str`: one search through the same validation, allow-list, budget, deadline,
+  circuit breaker, sanitiser and truncation as `SearchEnvironment.step`; a failed or rejected call
+  returns the same error observation (TRL itself has no per-tool timeout: ours still applies).
+- `get_reward() -> float`: a cost/safety penalty, ``-failure_penalty`` per call that did not succeed
+  (invalid, over budget, failed, timed out, ...), ``0.0`` for a clean episode. Correctness comes from
+  the trainer's `reward_funcs`; TRL sums the sources.
+
+`make_environment_factory(backend_or_index_dir, config)` gives the zero-argument factory TRL calls.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from searchrl.env.environment import EnvConfig, SearchEnvironment
+from searchrl.search.base import Backend
+
+
+class SearchToolEnv:
+    """One pooled TRL environment instance: reset per rollout, `search` as the tool, `get_reward`."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        config: EnvConfig | None = None,
+        tokenizer: Any | None = None,
+        failure_penalty: float = 0.1,
+    ) -> None:
+        if failure_penalty < 0:
+            raise ValueError(f"failure_penalty must be >= 0 (it is subtracted), got {failure_penalty}")
+        self._env = SearchEnvironment(backend, config, tokenizer)
+        self._failure_penalty = failure_penalty
+
+    def reset(self, **kwargs: Any) -> str | None:
+        """Start an episode for one dataset row (TRL passes the row's columns as keyword arguments)."""
+        question = kwargs.get("question")
+        if not isinstance(question, str) or not question.strip():
+            question = _last_user_text(kwargs.get("prompt")) or "(no question given)"
+        row = {key: value for key, value in kwargs.items() if key != "prompt"}
+        row["question"] = question
+        self._env.reset(row)
+        return None
+
+    def search(self, query: str) -> str:
+        """Search the document collection.
+
+        Args:
+            query: The search words.
+
+        Returns:
+            Numbered documents with their ids and titles, or an error message that says how to retry.
+        """
+        if self._env.row is None:
+            self._env.reset({"question": "(no question given)"})
+        if self._env.done:
+            return f"Error: the episode has ended ({self._env.termination}); no more searches. Answer now."
+        _, observation = self._env.call_tool("search", {"query": query})
+        return observation
+
+    def get_reward(self) -> float:
+        """Minus `failure_penalty` for every call that did not succeed in this episode."""
+        failed = sum(1 for record in self._env.records if record.status != "ok")
+        return -self._failure_penalty * failed
+
+    # Read-only views for reward functions (TRL passes `environments=`); properties are not probed as tools.
+    @property
+    def environment(self) -> SearchEnvironment:
+        return self._env
+
+
+def _last_user_text(prompt: Any) -> str | None:
+    if isinstance(prompt, str):
+        return prompt.strip() or None
+    if isinstance(prompt, list):
+        for message in reversed(prompt):
+            if isinstance(message, dict) and message.get("role") == "user":
+                content = message.get("content")
+                if isinstance(content, str) and content.strip():
+                    return content.strip()
+    return None
+
+
+def make_environment_factory(
+    backend_or_index_dir: Backend | str | os.PathLike,
+    config: EnvConfig | None = None,
+    tokenizer: Any | None = None,
+    failure_penalty: float = 0.1,
+) -> Callable[[], SearchToolEnv]:
+    """A zero-argument factory of `SearchToolEnv` over one shared backend (opened once from an index dir)."""
+    backend = _open_backend(backend_or_index_dir)
+    config = config if config is not None else EnvConfig()
+
+    def factory() -> SearchToolEnv:
+        return SearchToolEnv(backend, config, tokenizer, failure_penalty)
+
+    return factory
+
+
+def _open_backend(backend_or_index_dir: Backend | str | os.PathLike) -> Backend:
+    if not isinstance(backend_or_index_dir, str | os.PathLike):
+        if not callable(getattr(backend_or_index_dir, "search", None)):
+            raise TypeError(
+                f"make_environment_factory needs a Backend (with .search(queries, k)) or an index directory, "
+                f"got {type(backend_or_index_dir).__name__}"
+            )
+        return backend_or_index_dir
+    index_dir = Path(backend_or_index_dir)
+    if not (index_dir / "meta.json").is_file():
+        raise FileNotFoundError(
+            f"{index_dir}: not an index directory (no meta.json); build one with `searchrl index`"
+        )
+    from searchrl.search.index import load_index  # the search room's loader; imported only when needed
+
+    return load_index(index_dir)
