@@ -21,6 +21,7 @@ app = typer.Typer(
 # Each module defines `register(app: typer.Typer) -> None`. Keep one line per room.
 COMMAND_MODULES: list[str] = [
     "searchrl.search.commands",
+    "searchrl.data.commands",
 ]
 
 

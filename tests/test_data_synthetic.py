@@ -1,0 +1,194 @@
+"""The synthetic task: deterministic, split without leakage, answerable from its supporting documents."""
+
+from __future__ import annotations
+
+import re
+
+import bm25s
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+from searchrl.cli import app
+from searchrl.common.config import ConfigError
+from searchrl.common.io import read_jsonl
+from searchrl.data.synthetic import SPLITS, SynthConfig, generate, preset_config
+from searchrl.rewards.qa import contains_answer, normalize_answer
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def task():
+    return generate(preset_config("tiny", seed=7))
+
+
+@pytest.fixture(scope="module")
+def small_task():
+    return generate(preset_config("small", seed=11))
+
+
+def _doc_text(doc: dict) -> str:
+    return f"{doc['title']}\n{doc['contents']}"
+
+
+def _assert_no_test_answer_in_train(task) -> None:
+    train_questions = [f" {normalize_answer(r['question'])} " for r in task.splits["train"]]
+    train_golds = {normalize_answer(g) for r in task.splits["train"] for g in r["golds"]}
+    for held_out in ("test", "dev"):
+        for row in task.splits[held_out]:
+            for gold in row["golds"]:
+                needle = f" {normalize_answer(gold)} "
+                assert not any(needle in q for q in train_questions), (held_out, row, gold)
+                assert normalize_answer(gold) not in train_golds, (held_out, row, gold)
+
+
+def _assert_supported(task) -> None:
+    docs = {d["id"]: d for d in task.corpus}
+    for split in SPLITS:
+        for row in task.splits[split]:
+            support = [docs[i] for i in row["supporting_doc_ids"]]
+            assert len(support) == row["hops"]
+            # The last hop's document states the answer; the gold's canonical name is in it.
+            assert contains_answer(_doc_text(support[-1]), row["golds"][0]), row
+            # The first document is about the entity the question names.
+            assert contains_answer(row["question"], support[0]["title"]), row
+            if row["hops"] == 2:
+                # The chain is connected: the second document's subject is named in the first one.
+                assert contains_answer(support[0]["contents"], support[1]["title"]), row
+
+
+def test_same_seed_gives_byte_identical_files_and_other_seed_differs(tmp_path):
+    dirs = [tmp_path / "a", tmp_path / "b", tmp_path / "c"]
+    for d, seed in zip(dirs, (5, 5, 6), strict=True):
+        result = runner.invoke(app, ["data", "synth", "--out", str(d), "--seed", str(seed), "--size", "tiny"])
+        assert result.exit_code == 0, result.output
+    for name in ("corpus.jsonl", "train.jsonl", "dev.jsonl", "test.jsonl", "synth_config.json"):
+        assert (dirs[0] / name).read_bytes() == (dirs[1] / name).read_bytes(), name
+    assert (dirs[0] / "corpus.jsonl").read_bytes() != (dirs[2] / "corpus.jsonl").read_bytes()
+    assert list(read_jsonl(dirs[0] / "test.jsonl")) == generate(preset_config("tiny", seed=5)).splits["test"]
+
+
+def test_test_answers_never_appear_in_train_questions(task, small_task):
+    _assert_no_test_answer_in_train(task)
+    _assert_no_test_answer_in_train(small_task)
+
+
+def test_every_question_is_answered_by_its_supporting_documents(task, small_task):
+    _assert_supported(task)
+    _assert_supported(small_task)
+
+
+@settings(max_examples=15, deadline=None)
+@given(seed=st.integers(min_value=0, max_value=2**31 - 1), two_hop_share=st.floats(0.0, 1.0))
+def test_split_and_support_invariants_hold_for_any_seed(seed, two_hop_share):
+    task = generate(preset_config("tiny", seed=seed, two_hop_share=two_hop_share))
+    _assert_no_test_answer_in_train(task)
+    _assert_supported(task)
+
+
+def test_rows_follow_the_schema_and_sizes_are_configurable(task):
+    assert {s: len(rows) for s, rows in task.splits.items()} == {"train": 60, "dev": 20, "test": 20}
+    ids = [r["id"] for s in SPLITS for r in task.splits[s]]
+    assert len(ids) == len(set(ids))
+    doc_ids = [d["id"] for d in task.corpus]
+    assert len(doc_ids) == len(set(doc_ids)) and all(re.fullmatch(r"d\d{6}", i) for i in doc_ids)
+    for row in task.splits["train"]:
+        assert set(row) == {
+            "id",
+            "question",
+            "golds",
+            "hops",
+            "supporting_doc_ids",
+            "answer_type",
+            "relation",
+        }
+        assert row["question"].endswith("?") and row["golds"] and row["hops"] in (1, 2)
+    # Two-hop share is honoured exactly when the world has enough of each kind.
+    n_two = sum(r["hops"] == 2 for r in task.splits["train"])
+    assert n_two == round(60 * 0.4)
+    only_one = generate(preset_config("tiny", seed=7, two_hop_share=0.0))
+    assert all(r["hops"] == 1 for s in SPLITS for r in only_one.splits[s])
+    bigger = generate(preset_config("tiny", seed=7, train_questions=100, distractors_per_fact=2))
+    assert len(bigger.splits["train"]) == 100 and len(bigger.corpus) > len(task.corpus)
+
+
+def test_aliases_are_golds_and_are_stated_in_the_corpus(small_task):
+    aliased = [r for s in SPLITS for r in small_task.splits[s] if len(r["golds"]) > 1]
+    assert aliased, "the small world should have questions whose answers have aliases"
+    corpus_text = " ".join(_doc_text(d) for d in small_task.corpus)
+    for row in aliased:
+        # The alias is the distinctive word of the full name ("Port Velmora" -> "Velmora").
+        assert contains_answer(row["golds"][0], row["golds"][1]) and row["golds"][0] != row["golds"][1]
+        if row["answer_type"] == "place":
+            assert contains_answer(corpus_text, f"also called {row['golds'][1]}")
+
+
+def test_bm25_on_the_question_ranks_the_first_supporting_document_first(small_task):
+    texts = [_doc_text(d) for d in small_task.corpus]
+    retriever = bm25s.BM25()
+    retriever.index(bm25s.tokenize(texts, stopwords="en", show_progress=False), show_progress=False)
+    for split in ("train", "test"):
+        rows = small_task.splits[split]
+        tokens = bm25s.tokenize([r["question"] for r in rows], stopwords="en", show_progress=False)
+        top, _ = retriever.retrieve(tokens, k=1, show_progress=False)
+        hits = [small_task.corpus[top[i, 0]]["id"] == r["supporting_doc_ids"][0] for i, r in enumerate(rows)]
+        assert sum(hits) / len(hits) >= 0.85, split
+
+
+_RELATION_WORD = {
+    "born_in": "born",
+    "employee_of": "employee",
+    "founded_in": "founded",
+    "directed_by": "directed",
+    "located_in": "country",
+    "capital_of": "capital",
+}
+
+
+def test_distractors_share_names_but_each_answer_is_unique(task):
+    by_title: dict[str, list[dict]] = {}
+    for doc in task.corpus:
+        by_title.setdefault(doc["title"], []).append(doc)
+    # Mention distractors share their subject's title, so a name alone does not find the fact.
+    assert sum(1 for docs in by_title.values() if len(docs) > 1) > 10
+    for split in SPLITS:
+        for row in task.splits[split]:
+            if row["hops"] != 1:
+                continue
+            subject_docs = by_title[next(t for t in by_title if contains_answer(row["question"], t))]
+            stating = [
+                d["id"] for d in subject_docs if _RELATION_WORD[row["relation"]] in d["contents"].split()
+            ]
+            assert stating == row["supporting_doc_ids"], row
+
+
+def test_too_many_questions_and_bad_configs_are_refused_with_a_fix():
+    with pytest.raises(ConfigError, match=r"asked for 5000 test questions.*lower test_questions"):
+        generate(preset_config("tiny", test_questions=5000))
+    with pytest.raises(ConfigError, match="num_cities"):
+        SynthConfig(num_countries=10, num_cities=3)
+    with pytest.raises(ConfigError, match="two_hop_share"):
+        SynthConfig(two_hop_share=1.5)
+    with pytest.raises(ConfigError, match="unknown size"):
+        preset_config("huge")
+
+
+def test_cli_reads_a_yaml_config_and_rejects_unknown_fields(tmp_path):
+    cfg = tmp_path / "synth.yaml"
+    cfg.write_text("num_people: 70\ntrain_questions: 30\n")
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["data", "synth", "--out", str(out), "--size", "tiny", "--config", str(cfg)])
+    assert result.exit_code == 0, result.output
+    assert len(list(read_jsonl(out / "train.jsonl"))) == 30
+    cfg.write_text("num_peeple: 70\n")
+    result = runner.invoke(app, ["data", "synth", "--out", str(out), "--size", "tiny", "--config", str(cfg)])
+    assert result.exit_code != 0 and "num_peeple" in result.output
+
+
+def test_every_data_command_has_help():
+    for args in (["data", "--help"], ["data", "synth", "--help"], ["data", "check", "--help"]):
+        result = runner.invoke(app, args)
+        assert result.exit_code == 0 and "Usage" in result.output
+    assert "--size" in runner.invoke(app, ["data", "synth", "--help"]).output
