@@ -1,0 +1,144 @@
+"""Answer correctness: SQuAD v1.1 normalisation, exact match and token F1, and the rewards built on them.
+
+The string functions follow the SQuAD v1.1 evaluation script, which Search-R1, FlashRAG and most search-
+agent papers use, so our numbers compare with theirs: lower case, drop ASCII punctuation, drop the
+articles a/an/the, collapse white space. `exact_match` and `f1_score` take one gold or a list of gold
+aliases and return the maximum over them.
+
+Empty strings (defined here because SQuAD v1.1 leaves them implicit): two strings that both normalise to
+"" are an exact match and have F1 1.0; if only one side is empty, F1 is 0.0. An empty list of golds is a
+data error and raises.
+
+The trajectory rewards (`ExactMatchReward`, `F1Reward`, `ContainsReward`) read only `traj.answer`, never
+observation text, and score 0 when the answer is longer than `max_answer_words`: listing candidates must
+not pay (see `rl_methods.md` §4.3). `ContainsReward` is Search-R1's sub-EM; it is deliberately gameable
+and exists so the reward-hacking audit has something to catch.
+"""
+
+from __future__ import annotations
+
+import re
+import string
+from collections import Counter
+from dataclasses import dataclass, field
+
+from searchrl.rollout.trajectory import Trajectory
+
+_PUNCTUATION = frozenset(string.punctuation)
+_ARTICLES = re.compile(r"\b(a|an|the)\b")
+
+
+def normalize_answer(s: str) -> str:
+    """SQuAD v1.1 normalisation: lower case, no punctuation, no articles, single spaces."""
+    lowered = s.lower()
+    no_punct = "".join(ch for ch in lowered if ch not in _PUNCTUATION)
+    no_articles = _ARTICLES.sub(" ", no_punct)
+    return " ".join(no_articles.split())
+
+
+def _as_gold_list(ground_truths: str | list[str]) -> list[str]:
+    if isinstance(ground_truths, str):
+        return [ground_truths]
+    golds = list(ground_truths)
+    if not golds:
+        raise ValueError("ground_truths is empty; give at least one gold answer (a str or a list of str)")
+    for g in golds:
+        if not isinstance(g, str):
+            raise TypeError(f"ground_truths must hold strings, got {type(g).__name__}: {g!r}")
+    return golds
+
+
+def _exact_match_one(prediction: str, gold: str) -> float:
+    return float(normalize_answer(prediction) == normalize_answer(gold))
+
+
+def _f1_one(prediction: str, gold: str) -> float:
+    pred_tokens = normalize_answer(prediction).split()
+    gold_tokens = normalize_answer(gold).split()
+    if not pred_tokens or not gold_tokens:
+        # Both empty is a match; one empty shares nothing with the other.
+        return float(pred_tokens == gold_tokens)
+    overlap = sum((Counter(pred_tokens) & Counter(gold_tokens)).values())
+    if overlap == 0:
+        return 0.0
+    precision = overlap / len(pred_tokens)
+    recall = overlap / len(gold_tokens)
+    return 2 * precision * recall / (precision + recall)
+
+
+def exact_match(prediction: str, ground_truths: str | list[str]) -> float:
+    """1.0 if the normalised prediction equals any normalised gold, else 0.0."""
+    return max(_exact_match_one(prediction, g) for g in _as_gold_list(ground_truths))
+
+
+def f1_score(prediction: str, ground_truths: str | list[str]) -> float:
+    """Token-level F1 (multiset overlap) after normalisation, the maximum over golds."""
+    return max(_f1_one(prediction, g) for g in _as_gold_list(ground_truths))
+
+
+def contains_answer(text: str, answer: str) -> bool:
+    """True if the normalised `answer` occurs in the normalised `text` as whole words.
+
+    Whole words, so "Velmora" is not found inside "Velmoran"; an answer that normalises to "" is never
+    contained (an empty answer supports nothing).
+    """
+    needle = normalize_answer(answer)
+    if not needle:
+        return False
+    return f" {needle} " in f" {normalize_answer(text)} "
+
+
+def answer_word_count(answer: str) -> int:
+    """Words in the normalised answer: the unit of the anti-stuffing length cap."""
+    return len(normalize_answer(answer).split())
+
+
+def _capped_answer(traj: Trajectory, max_answer_words: int) -> str | None:
+    """The trajectory's answer, or None if it has none or it is over the length cap."""
+    if traj.answer is None:
+        return None
+    if max_answer_words > 0 and answer_word_count(traj.answer) > max_answer_words:
+        return None
+    return traj.answer
+
+
+@dataclass(frozen=True)
+class ExactMatchReward:
+    """1.0 if the final answer exactly matches a gold alias (after normalisation), else 0.0."""
+
+    max_answer_words: int = field(
+        default=16, metadata={"help": "Answers with more normalised words than this score 0 (0 = no cap)."}
+    )
+
+    def __call__(self, traj: Trajectory) -> float:
+        answer = _capped_answer(traj, self.max_answer_words)
+        return 0.0 if answer is None else exact_match(answer, traj.golds)
+
+
+@dataclass(frozen=True)
+class F1Reward:
+    """Token F1 of the final answer against the best gold alias; its precision term penalises stuffing."""
+
+    max_answer_words: int = field(
+        default=16, metadata={"help": "Answers with more normalised words than this score 0 (0 = no cap)."}
+    )
+
+    def __call__(self, traj: Trajectory) -> float:
+        answer = _capped_answer(traj, self.max_answer_words)
+        return 0.0 if answer is None else f1_score(answer, traj.golds)
+
+
+@dataclass(frozen=True)
+class ContainsReward:
+    """Search-R1's sub-EM: 1.0 if any gold occurs in the answer. Gameable by listing candidates, on purpose."""
+
+    max_answer_words: int = field(
+        default=0,
+        metadata={"help": "Length cap in normalised words (0 = none, which is what makes it hackable)."},
+    )
+
+    def __call__(self, traj: Trajectory) -> float:
+        answer = _capped_answer(traj, self.max_answer_words)
+        if answer is None:
+            return 0.0
+        return float(any(contains_answer(answer, g) for g in traj.golds))
