@@ -1,0 +1,950 @@
+"""PPOTrainer: TRL's PPO component design, rebuilt for agents that call a search engine.
+
+Read it top to bottom; one `step()` is the whole algorithm:
+
+  1. rollout      the policy talks to the environment (`searchrl.rollout`): token ids, action mask,
+                  sampling logprobs, tool calls, termination reason per trajectory.
+  2. score        rule rewards (`searchrl.rewards.combine.Rubric`) plus, optionally, a frozen reward
+                  model's score with a weight; a missing-EOS penalty as in TRL 1.12.
+  3. forward      old logprobs (policy, temperature-scaled, recomputed over the exact token ids),
+                  reference logprobs and values, all under no_grad.
+  4. rewards      the scalar score on the last action token, `-kl_coef * KL` on every action token
+                  (Ziegler et al. 2019; TRL 1.12's per-token KL reward), optional reward whitening.
+  5. advantages   GAE over action tokens only (observation tokens are not time steps; Schulman et
+                  al. 2016), returns = advantages + values, advantages whitened over action tokens.
+  6. optimise     `num_ppo_epochs` x `num_mini_batches` of the clipped surrogate (Schulman et al.
+                  2017) and the clipped value loss, one optimizer step per mini-batch, gradients
+                  clipped to `max_grad_norm`, scheduler stepped per optimizer step.
+  7. control      the KL controller sees the measured KL (batch mean of per-trajectory summed KL);
+                  the collapse guard may roll back to the last good checkpoint; metrics, checkpoints.
+
+What differs from TRL 1.12 on purpose (see `reference/trl.md` §1.5-1.7): an explicit action mask
+instead of "first pad" validity, the score on the last *action* token, the optimizer stepped per
+mini-batch, gradients clipped, masked statistics, the critic checkpointed, resume supported, pad ≠ eos
+required, separate learning rates for policy and value.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import os
+import random
+import shutil
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import AutoModelForSequenceClassification, get_scheduler
+
+from searchrl.common.config import save_config
+from searchrl.common.io import append_jsonl, atomic_write_json
+from searchrl.common.run import RunDir, build_manifest
+from searchrl.ppo.advantages import compute_gae, masked_mean, masked_whiten, place_rewards
+from searchrl.ppo.config import PPOConfig
+from searchrl.ppo.kl import AdaptiveKLController, FixedKLController, kl_penalty
+from searchrl.ppo.losses import policy_loss, value_loss
+from searchrl.rewards.reward_model import FrozenRewardModel
+from searchrl.rollout.generator import GenerationConfig, HFGenerator, sampling_log_probs
+from searchrl.rollout.trajectory import Trajectory, write_trajectories
+
+# ---------------------------------------------------------------------------------------------
+# Model plumbing: one module holding policy and critic, so one optimizer and one `prepare` cover both
+# (TRL 1.12's PolicyAndValueWrapper idea; the critic is a score head over per-token hidden states).
+# ---------------------------------------------------------------------------------------------
+
+
+def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def token_logprobs(
+    logits: torch.Tensor, input_ids: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0
+) -> torch.Tensor:
+    """`out[:, t] = log p(input_ids[:, t] | input_ids[:, :t])` under the sampling distribution; `out[:, 0] = 0`.
+
+    The distribution is the rollout's own (`sampling_log_probs`: temperature, then top-k, then top-p), so
+    before any update these equal the rollout's logprobs (invariant 11: parity with sampling).
+    """
+    logp = sampling_log_probs(logits[:, :-1], temperature, top_k, top_p)
+    lp = logp.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
+    return F.pad(lp, (1, 0), value=0.0)
+
+
+def entropy_from_logits(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Per-position entropy of the sampling distribution, aligned like `token_logprobs`."""
+    scaled = logits[:, :-1].float() / temperature
+    logp = torch.log_softmax(scaled, dim=-1)
+    ent = -(logp.exp() * logp).sum(-1)
+    return F.pad(ent, (1, 0), value=0.0)
+
+
+class PolicyAndValue(nn.Module):
+    """Policy (causal LM) plus critic.
+
+    `value_mode="separate"`: the critic is a sequence-classification model whose `.score` head runs over
+    its own backbone's per-token hidden states (TRL 1.12). `value_mode="shared_backbone"`: a linear value
+    head on the policy's last hidden state. Either way `values[:, t]` is the value of the state in which
+    token t is chosen, i.e. read at position t-1, aligned with `token_logprobs`.
+    """
+
+    def __init__(self, policy: nn.Module, value_model: nn.Module | None, value_mode: str = "separate"):
+        super().__init__()
+        self.policy = policy
+        self.value_mode = value_mode
+        if value_mode == "separate":
+            if value_model is None:
+                raise ValueError("value_mode='separate' needs a value_model (a seq-cls model, num_labels=1)")
+            self.value_model = value_model
+        elif value_mode == "shared_backbone":
+            self.value_head = nn.Linear(policy.config.hidden_size, 1)
+            nn.init.zeros_(self.value_head.weight)
+            nn.init.zeros_(self.value_head.bias)
+        else:
+            raise ValueError(f"value_mode must be 'separate' or 'shared_backbone', got {value_mode!r}")
+
+    def value_parameters(self) -> list[nn.Parameter]:
+        return list((self.value_model if self.value_mode == "separate" else self.value_head).parameters())
+
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        position_ids = position_ids_from_mask(attention_mask)
+        shared = self.value_mode == "shared_backbone"
+        out = self.policy(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            output_hidden_states=shared,
+            use_cache=False,
+        )
+        if shared:
+            raw = self.value_head(out.hidden_states[-1]).squeeze(-1)
+        else:
+            backbone = getattr(self.value_model, self.value_model.base_model_prefix)
+            hidden = backbone(
+                input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+            ).last_hidden_state
+            raw = self.value_model.score(hidden).squeeze(-1)
+        values = F.pad(raw[:, :-1].float(), (1, 0), value=0.0)
+        return out.logits, values
+
+
+def disable_dropout(model: nn.Module) -> None:
+    for m in model.modules():
+        if isinstance(m, nn.Dropout):
+            m.p = 0.0
+    cfg = getattr(model, "config", None)
+    for name in ("attention_dropout", "hidden_dropout", "dropout", "resid_pdrop", "embd_pdrop"):
+        if cfg is not None and hasattr(cfg, name):
+            setattr(cfg, name, 0.0)
+
+
+def value_model_from_policy(policy: nn.Module) -> nn.Module:
+    """A critic initialised from the policy's backbone with a fresh zero score head."""
+    config = copy.deepcopy(policy.config)
+    config.num_labels = 1
+    critic = AutoModelForSequenceClassification.from_config(config)
+    prefix = critic.base_model_prefix
+    getattr(critic, prefix).load_state_dict(getattr(policy, prefix).state_dict())
+    nn.init.zeros_(critic.score.weight)
+    return critic
+
+
+def frozen_copy(model: nn.Module) -> nn.Module:
+    ref = copy.deepcopy(model)
+    ref.eval()
+    for p in ref.parameters():
+        p.requires_grad_(False)
+    return ref
+
+
+# ---------------------------------------------------------------------------------------------
+# Batching trajectories: right-padded tensors; masks come from lengths and spans, never from pad ids.
+# ---------------------------------------------------------------------------------------------
+
+
+def collate_trajectories(trajs: Sequence[Trajectory], pad_token_id: int) -> dict[str, torch.Tensor]:
+    T = max(len(t.input_ids) for t in trajs)
+    B = len(trajs)
+    input_ids = torch.full((B, T), pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros((B, T), dtype=torch.long)
+    action_mask = torch.zeros((B, T), dtype=torch.float32)
+    rollout_logprobs = torch.zeros((B, T), dtype=torch.float32)
+    for i, t in enumerate(trajs):
+        n = len(t.input_ids)
+        input_ids[i, :n] = torch.tensor(t.input_ids, dtype=torch.long)
+        attention_mask[i, :n] = 1
+        action_mask[i, :n] = torch.tensor(t.action_mask, dtype=torch.float32)
+        rollout_logprobs[i, :n] = torch.tensor(t.logprobs, dtype=torch.float32)
+    return {
+        "input_ids": input_ids,
+        "attention_mask": attention_mask,
+        "action_mask": action_mask,
+        "rollout_logprobs": rollout_logprobs,
+    }
+
+
+def trim_to_length(batch: dict[str, torch.Tensor], idx: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Select rows and cut the columns to the longest selected row (less compute per micro-batch)."""
+    sub = {k: v[idx] for k, v in batch.items()}
+    length = int(sub["attention_mask"].sum(1).max())
+    return {k: (v[:, :length] if v.dim() == 2 else v) for k, v in sub.items()}
+
+
+def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> float:
+    var_r = float(masked_var_safe(returns, mask))
+    if var_r == 0.0:
+        return float("nan")
+    return 1.0 - float(masked_var_safe(returns - values, mask)) / var_r
+
+
+def masked_var_safe(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    n = mask.sum()
+    if n < 2:
+        return torch.tensor(0.0)
+    mean = (x * mask).sum() / n
+    return ((x - mean) ** 2 * mask).sum() / (n - 1)
+
+
+# ---------------------------------------------------------------------------------------------
+# The collapse guard: the most common complaint in search-agent RL is a run that collapses (entropy to
+# zero, KL exploding, format broken, reward falling) unnoticed. The guard watches a window of steps and,
+# when a bound is crossed, rolls back to the last good checkpoint and lowers the learning rate.
+# ---------------------------------------------------------------------------------------------
+
+
+class CollapseGuard:
+    def __init__(self, args: PPOConfig):
+        self.args = args
+        self.history: list[dict[str, float]] = []
+        self.best_reward: float | None = None
+
+    def check(self, metrics: dict[str, float]) -> str | None:
+        """Return why the run is collapsing, or None when it is healthy."""
+        a = self.args
+        self.history.append(metrics)
+        window = self.history[-a.collapse_window :]
+        mean = {k: float(np.mean([m[k] for m in window if k in m])) for k in window[-1]}
+        reasons = []
+        if (
+            a.collapse_entropy_min is not None
+            and mean.get("objective/entropy_per_token", 1e9) < a.collapse_entropy_min
+        ):
+            reasons.append(
+                f"entropy per action token {mean['objective/entropy_per_token']:.3g} < {a.collapse_entropy_min}"
+            )
+        if a.collapse_kl_max is not None and mean.get("objective/kl", 0.0) > a.collapse_kl_max:
+            reasons.append(f"KL to reference {mean['objective/kl']:.3g} > {a.collapse_kl_max}")
+        if a.collapse_format_min is not None and mean.get("reward/format", 1.0) < a.collapse_format_min:
+            reasons.append(f"format validity {mean['reward/format']:.3g} < {a.collapse_format_min}")
+        score = mean.get("objective/scores")
+        if score is not None:
+            drop = a.collapse_reward_drop
+            if drop is not None and self.best_reward is not None and score < self.best_reward - drop:
+                reasons.append(f"reward {score:.3g} fell more than {drop} below best {self.best_reward:.3g}")
+            if not reasons:
+                self.best_reward = score if self.best_reward is None else max(self.best_reward, score)
+        for k in ("loss/policy_avg", "loss/value_avg"):
+            if k in metrics and not math.isfinite(metrics[k]):
+                reasons.append(f"{k} is not finite")
+        return "; ".join(reasons) or None
+
+    def reset_window(self) -> None:
+        self.history.clear()
+
+    def state_dict(self) -> dict:
+        return {"history": self.history, "best_reward": self.best_reward}
+
+    def load_state_dict(self, d: dict) -> None:
+        self.history = list(d.get("history", []))
+        self.best_reward = d.get("best_reward")
+
+
+# ---------------------------------------------------------------------------------------------
+# The trainer
+# ---------------------------------------------------------------------------------------------
+
+
+class PPOTrainer:
+    """Agent-aware PPO with TRL's constructor shape.
+
+    Args:
+        args: the `PPOConfig`.
+        processing_class: the tokenizer (pad ≠ eos required; TRL 1.12 silently broke when they matched).
+        model: the policy, a causal LM.
+        ref_model: the frozen reference; `None` makes a frozen copy of the policy (with PEFT: the
+            policy with its adapter disabled).
+        reward_model: optional frozen sequence-classification scorer; its score joins the reward
+            functions with weight `args.reward_model_weight`.
+        train_dataset: rows with at least `question` and `golds` (a list of dicts or a `datasets.Dataset`).
+        value_model: the critic (seq-cls model with a `.score` head); `None` builds one from the policy's
+            backbone (`value_mode="separate"`) or uses a value head on the policy (`"shared_backbone"`).
+        reward_funcs: a `searchrl.rewards.combine.Rubric` (weighted reward functions).
+        environment: a zero-argument factory returning a fresh `SearchEnvironment` per episode.
+        eval_dataset: rows for validation during training (the dev split; never the test split).
+        optimizers: `(optimizer, scheduler)`; a user optimizer must cover policy and value parameters.
+        callbacks: `transformers.TrainerCallback`s (`on_train_begin`, `on_step_end`, `on_log`, `on_save`,
+            `on_evaluate`, `on_train_end`).
+        peft_config: a `peft` config; the policy is wrapped with `get_peft_model`.
+    """
+
+    def __init__(
+        self,
+        args: PPOConfig,
+        processing_class: Any,
+        model: nn.Module,
+        ref_model: nn.Module | None,
+        reward_model: nn.Module | None,
+        train_dataset: Any,
+        value_model: nn.Module | None = None,
+        reward_funcs: Any = None,
+        environment: Callable[[], Any] | None = None,
+        eval_dataset: Any = None,
+        optimizers: tuple[torch.optim.Optimizer | None, Any] = (None, None),
+        callbacks: list[Any] | None = None,
+        peft_config: Any = None,
+        generator_factory: Callable[..., Any] | None = None,
+    ):
+        if train_dataset is None:
+            raise ValueError("train_dataset is required: rows with 'question' and 'golds'")
+        if ref_model is not None and ref_model is model:
+            raise ValueError("ref_model must not be the policy itself; pass None to get a frozen copy")
+        if environment is None:
+            raise ValueError("environment is required: a factory returning a SearchEnvironment")
+        if reward_funcs is None and reward_model is None:
+            raise ValueError("no reward source: pass reward_funcs (a Rubric) and/or a reward_model")
+        tok = processing_class
+        if tok.pad_token_id is None or tok.pad_token_id == tok.eos_token_id:
+            raise ValueError(
+                "the tokenizer's pad token must exist and differ from its EOS token (with pad == eos the "
+                "EOS would be masked as padding); add one, e.g. tokenizer.add_special_tokens({'pad_token': '<|endoftext|>'})"
+            )
+        self.args = args
+        self.tokenizer = tok
+        self.train_rows = [dict(r) for r in train_dataset]
+        self.eval_rows = [dict(r) for r in eval_dataset] if eval_dataset is not None else []
+        self.env_factory = environment
+        self.rubric = reward_funcs
+        self._init_callbacks(callbacks)
+        self.run = RunDir(args.output_dir)
+        self.device = torch.device("cuda" if torch.cuda.is_available() and not args.use_cpu else "cpu")
+        self._seed_everything(args.seed)
+
+        # --- models -------------------------------------------------------------------------
+        if peft_config is not None:
+            from peft import get_peft_model
+
+            model = get_peft_model(model, peft_config)
+        self.is_peft = hasattr(model, "disable_adapter")
+        if ref_model is None and not self.is_peft:
+            ref_model = frozen_copy(model)
+        self.ref_model = ref_model
+        if value_model is None and args.value_mode == "separate":
+            value_model = value_model_from_policy(model.get_base_model() if self.is_peft else model)
+        self.model = PolicyAndValue(model, value_model, args.value_mode).to(self.device)
+        self.policy = self.model.policy
+        self.reward_model = (
+            FrozenRewardModel(reward_model.to(self.device)) if reward_model is not None else None
+        )
+        for m in (self.policy, value_model, ref_model, reward_model):
+            if m is not None:
+                disable_dropout(m)
+        if self.ref_model is not None:
+            self.ref_model.to(self.device).eval()
+
+        # --- batch arithmetic (TRL 1.12's names) --------------------------------------------
+        args.finalize(world_size=1, num_train_rows=len(self.train_rows))
+        self.num_total_batches = args.num_total_batches
+
+        # --- optimizer and scheduler: one optimizer, two param groups (policy lr, value lr) ----
+        optimizer, scheduler = optimizers
+        if optimizer is None:
+            value_params = self.model.value_parameters()
+            value_ids = {id(p) for p in value_params}
+            policy_params = [p for p in self.model.parameters() if p.requires_grad and id(p) not in value_ids]
+            optimizer = torch.optim.AdamW(
+                [
+                    {"params": policy_params, "lr": args.learning_rate, "name": "policy"},
+                    {
+                        "params": value_params,
+                        "lr": args.value_learning_rate or args.learning_rate,
+                        "name": "value",
+                    },
+                ],
+                lr=args.learning_rate,
+                eps=args.adam_epsilon,
+                weight_decay=args.weight_decay,
+            )
+        else:
+            covered = {id(p) for g in optimizer.param_groups for p in g["params"]}
+            missing = [
+                n for n, p in self.model.named_parameters() if p.requires_grad and id(p) not in covered
+            ]
+            if missing:
+                raise ValueError(
+                    f"the optimizer you passed does not cover {len(missing)} trainable parameters of the "
+                    f"policy/value models (e.g. {missing[:3]}); build it over both models' parameters"
+                )
+        self.optimizer = optimizer
+        self.num_optimizer_steps = self.num_total_batches * args.num_ppo_epochs * args.num_mini_batches
+        self.lr_scheduler = scheduler or get_scheduler(
+            args.lr_scheduler_type,
+            optimizer,
+            num_warmup_steps=args.warmup_steps,
+            num_training_steps=max(1, self.num_optimizer_steps),
+        )
+
+        # --- KL control ----------------------------------------------------------------------
+        if args.kl_target is not None:
+            self.kl_ctl = AdaptiveKLController(args.kl_coef, args.kl_target, args.kl_horizon)
+        else:
+            self.kl_ctl = FixedKLController(args.kl_coef)
+
+        # --- rollout engine --------------------------------------------------------------------
+        self.generation_config = GenerationConfig(
+            temperature=args.temperature,
+            top_p=args.top_p,
+            top_k=args.top_k,
+            max_new_tokens_per_turn=args.max_new_tokens_per_turn,
+            max_episode_tokens=args.max_episode_tokens,
+            seed=args.seed,
+        )
+        make_gen = generator_factory or HFGenerator
+        self.generator = make_gen(self.policy, tok, self.generation_config)
+
+        self.guard = CollapseGuard(args)
+        self.global_step = 0
+        self.episode = 0
+        self.data_epoch = 0
+        self.data_offset = 0
+        self.last_good_checkpoint: Path | None = None
+        self.last_metrics: dict[str, float] = {}
+
+    # -----------------------------------------------------------------------------------------
+    # data and seeds
+    # -----------------------------------------------------------------------------------------
+    def _seed_everything(self, seed: int) -> None:
+        random.seed(seed)
+        np.random.seed(seed % (2**32))
+        torch.manual_seed(seed)
+
+    def _next_rows(self, n: int) -> list[dict]:
+        """The next `n` training rows: a fresh permutation per data epoch, seeded by (seed, epoch)."""
+        rows = []
+        while len(rows) < n:
+            order = np.random.default_rng(self.args.seed + 7919 * self.data_epoch).permutation(
+                len(self.train_rows)
+            )
+            take = min(n - len(rows), len(order) - self.data_offset)
+            rows.extend(self.train_rows[i] for i in order[self.data_offset : self.data_offset + take])
+            self.data_offset += take
+            if self.data_offset >= len(order):
+                self.data_epoch += 1
+                self.data_offset = 0
+        return rows
+
+    # -----------------------------------------------------------------------------------------
+    # 1. rollout
+    # -----------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def rollout(
+        self, rows: list[dict], seed: int, temperature: float | None = None
+    ) -> tuple[list[Trajectory], dict]:
+        self.policy.eval()
+        envs = [self.env_factory() for _ in rows]
+        gen_cfg = self.generator.config
+        saved = (gen_cfg.seed, gen_cfg.temperature)
+        gen_cfg.seed = seed
+        if temperature is not None:
+            gen_cfg.temperature = temperature
+        try:
+            batch = self.generator.rollout(envs, rows)
+        finally:
+            gen_cfg.seed, gen_cfg.temperature = saved
+        return list(batch.trajectories), dict(getattr(batch, "stats", {}) or {})
+
+    # -----------------------------------------------------------------------------------------
+    # 2. score
+    # -----------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def score(self, trajs: list[Trajectory], batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        scores = torch.zeros(len(trajs))
+        if self.rubric is not None:
+            for i, t in enumerate(trajs):
+                total, _ = self.rubric.score(t)
+                scores[i] = total
+        if self.reward_model is not None:
+            rm = self.reward_model.score(batch["input_ids"], batch["attention_mask"])
+            for i, t in enumerate(trajs):
+                t.reward_breakdown["reward_model"] = float(rm[i])
+            scores = scores + self.args.reward_model_weight * rm
+        if self.args.missing_eos_penalty is not None:
+            # A trajectory whose last sampled token is not the stop token was cut by a budget.
+            eos = self.tokenizer.eos_token_id
+            for i, t in enumerate(trajs):
+                last = t.last_action_index
+                if last < 0 or t.input_ids[last] != eos:
+                    scores[i] -= self.args.missing_eos_penalty
+                    t.reward_breakdown["missing_eos_penalty"] = -self.args.missing_eos_penalty
+        for i, t in enumerate(trajs):
+            t.reward = float(scores[i])
+        return scores
+
+    # -----------------------------------------------------------------------------------------
+    # 3. forward passes under no_grad: old logprobs, reference logprobs, values
+    # -----------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def _policy_and_values(
+        self, batch: dict[str, torch.Tensor]
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        self.model.eval()
+        B = batch["input_ids"].shape[0]
+        lps, vals, ents = [], [], []
+        for i in range(0, B, self.args.local_rollout_forward_batch_size):
+            idx = torch.arange(i, min(B, i + self.args.local_rollout_forward_batch_size))
+            mb = {k: v[idx].to(self.device) for k, v in batch.items()}
+            logits, values = self.model(mb["input_ids"], mb["attention_mask"])
+            lps.append(
+                token_logprobs(
+                    logits, mb["input_ids"], self.args.temperature, self.args.top_k, self.args.top_p
+                ).cpu()
+            )
+            ents.append(entropy_from_logits(logits, self.args.temperature).cpu())
+            vals.append(values.cpu())
+        return torch.cat(lps), torch.cat(vals), torch.cat(ents)
+
+    @torch.no_grad()
+    def _ref_logprobs(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        B = batch["input_ids"].shape[0]
+        out = []
+        for i in range(0, B, self.args.local_rollout_forward_batch_size):
+            ids = batch["input_ids"][i : i + self.args.local_rollout_forward_batch_size].to(self.device)
+            mask = batch["attention_mask"][i : i + self.args.local_rollout_forward_batch_size].to(self.device)
+            kwargs = dict(
+                input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask), use_cache=False
+            )
+            if self.ref_model is None:  # PEFT: the reference is the policy with its adapter disabled
+                with self.policy.disable_adapter():
+                    logits = self.policy(**kwargs).logits
+            else:
+                logits = self.ref_model(**kwargs).logits
+            out.append(
+                token_logprobs(logits, ids, self.args.temperature, self.args.top_k, self.args.top_p).cpu()
+            )
+        return torch.cat(out)
+
+    # -----------------------------------------------------------------------------------------
+    # one PPO step
+    # -----------------------------------------------------------------------------------------
+    def step(self) -> dict[str, float]:
+        a = self.args
+        t0 = time.perf_counter()
+        rows = self._next_rows(a.local_batch_size)
+        trajs, rollout_stats = self.rollout(rows, seed=a.seed * 1_000_003 + self.global_step)
+        t_rollout = time.perf_counter() - t0
+        batch = collate_trajectories(trajs, self.tokenizer.pad_token_id)
+        action_mask = batch["action_mask"]
+
+        # 2. score
+        scores = self.score(trajs, batch)
+
+        # 3. old logprobs recomputed over the exact token ids (equal to the rollout's up to float error;
+        # recomputing makes the ratio exactly 1 before the first update), reference logprobs, values.
+        old_logprobs, old_values, entropy = self._policy_and_values(batch)
+        ref_logprobs = self._ref_logprobs(batch)
+        logprob_gap = (old_logprobs - batch["rollout_logprobs"]).abs() * action_mask
+
+        # 4. rewards: per-token KL penalty on action tokens, the score on the last action token.
+        kl = kl_penalty(old_logprobs, ref_logprobs, a.kl_estimator) * action_mask
+        rewards = place_rewards(scores, kl, action_mask, self.kl_ctl.value)
+        if a.whiten_rewards:
+            rewards = masked_whiten(rewards, action_mask, shift_mean=False) * action_mask
+
+        # 5. advantages: GAE over action tokens only; returns from the raw advantages.
+        advantages, returns = compute_gae(rewards, old_values * action_mask, action_mask, a.gamma, a.lam)
+        if a.whiten_advantages:
+            advantages = masked_whiten(advantages, action_mask) * action_mask
+
+        # 6. optimise
+        train_stats = self._optimise(batch, old_logprobs, old_values * action_mask, advantages, returns)
+
+        # 7. control: the KL controller sees the batch mean of per-trajectory summed KL (TRL's unit).
+        seq_kl = (kl * action_mask).sum(1)
+        mean_kl = float(seq_kl.mean())
+        self.kl_ctl.update(mean_kl, a.local_batch_size)
+
+        self.global_step += 1
+        self.episode += len(trajs)
+        n_action = action_mask.sum(1).clamp(min=1)
+        non_score = (-self.kl_ctl.value * kl * action_mask).sum(1)
+        metrics: dict[str, float] = {
+            "step": self.global_step,
+            "episode": self.episode,
+            "objective/kl": mean_kl,
+            "objective/entropy": float(((entropy * action_mask).sum(1)).mean()),
+            "objective/entropy_per_token": float(masked_mean(entropy, action_mask)),
+            "objective/non_score_reward": float(non_score.mean()),
+            "objective/rlhf_reward": float(non_score.mean() + scores.mean()),
+            "objective/scores": float(scores.mean()),
+            "objective/scores_std": float(scores.std()) if len(scores) > 1 else 0.0,
+            "kl_coef": float(self.kl_ctl.value),
+            "lr": float(self.lr_scheduler.get_last_lr()[0]),
+            "val/explained_variance": explained_variance(old_values * action_mask, returns, action_mask),
+            "rollout/logprob_max_abs_diff": float(logprob_gap.max()),
+            "rollout/action_tokens_per_episode": float(n_action.mean()),
+            "rollout/seconds": t_rollout,
+            "tokens_per_second": float(batch["attention_mask"].sum()) / max(time.perf_counter() - t0, 1e-9),
+            **train_stats,
+            **{k: float(v) for k, v in rollout_stats.items() if isinstance(v, int | float)},
+        }
+        metrics.update(self._reward_metrics(trajs))
+        self._save_trajectories(trajs)
+        self.last_metrics = metrics
+        return metrics
+
+    def _optimise(self, batch, old_logprobs, old_values, advantages, returns) -> dict[str, float]:
+        a = self.args
+        self.model.train()
+        B = batch["input_ids"].shape[0]
+        mb_size = max(1, B // a.num_mini_batches)
+        micro = a.per_device_train_batch_size
+        full = {
+            **batch,
+            "old_logprobs": old_logprobs,
+            "old_values": old_values,
+            "advantages": advantages,
+            "returns": returns,
+        }
+        stats: dict[str, list[float]] = {
+            k: [] for k in ("pg", "vf", "pg_clip", "vf_clip", "approxkl", "ratio", "grad_norm")
+        }
+        gen = torch.Generator().manual_seed(a.seed + self.global_step)
+        for _epoch in range(a.num_ppo_epochs):
+            perm = torch.randperm(B, generator=gen)
+            for start in range(0, B, mb_size):
+                mb_idx = perm[start : start + mb_size]
+                mb_tokens = full["action_mask"][mb_idx].sum().clamp(min=1.0)
+                for ustart in range(0, len(mb_idx), micro):
+                    idx = mb_idx[ustart : ustart + micro]
+                    mb = {k: v.to(self.device) for k, v in trim_to_length(full, idx).items()}
+                    logits, vpred = self.model(mb["input_ids"], mb["attention_mask"])
+                    new_logprobs = token_logprobs(logits, mb["input_ids"], a.temperature, a.top_k, a.top_p)
+                    pg, pg_stats = policy_loss(
+                        new_logprobs, mb["old_logprobs"], mb["advantages"], mb["action_mask"], a.cliprange
+                    )
+                    vf, vf_stats = value_loss(
+                        vpred, mb["old_values"], mb["returns"], mb["action_mask"], a.cliprange_value
+                    )
+                    # Each micro-batch's masked mean weighted by its share of the mini-batch's action
+                    # tokens: the sum equals the token-level mean over the whole mini-batch.
+                    weight = mb["action_mask"].sum() / mb_tokens.to(self.device)
+                    ((pg + a.vf_coef * vf) * weight).backward()
+                    stats["pg"].append(pg.item())
+                    stats["vf"].append(vf.item())
+                    stats["pg_clip"].append(float(pg_stats["clipfrac"]))
+                    stats["vf_clip"].append(float(vf_stats["clipfrac"]))
+                    stats["approxkl"].append(float(pg_stats["approxkl"]))
+                    stats["ratio"].append(float(pg_stats["ratio"]))
+                grad_norm = torch.nn.utils.clip_grad_norm_(
+                    [p for p in self.model.parameters() if p.requires_grad], a.max_grad_norm
+                )
+                stats["grad_norm"].append(float(grad_norm))
+                self.optimizer.step()
+                self.lr_scheduler.step()
+                self.optimizer.zero_grad(set_to_none=True)
+        self.model.eval()
+        return {
+            "loss/policy_avg": float(np.mean(stats["pg"])),
+            "loss/value_avg": float(np.mean(stats["vf"])),
+            "policy/clipfrac_avg": float(np.mean(stats["pg_clip"])),
+            "val/clipfrac_avg": float(np.mean(stats["vf_clip"])),
+            "policy/approxkl_avg": float(np.mean(stats["approxkl"])),
+            "val/ratio": float(np.mean(stats["ratio"])),
+            "val/ratio_var": float(np.var(stats["ratio"])),
+            "policy/first_ratio": stats["ratio"][0],
+            "policy/first_approxkl": stats["approxkl"][0],
+            "grad_norm": float(np.mean(stats["grad_norm"])),
+        }
+
+    def _reward_metrics(self, trajs: list[Trajectory]) -> dict[str, float]:
+        out: dict[str, float] = {}
+        keys = sorted({k for t in trajs for k in t.reward_breakdown})
+        for k in keys:
+            out[f"reward/{k}"] = float(np.mean([t.reward_breakdown.get(k, 0.0) for t in trajs]))
+        for reason in ("answered", "no_answer", "max_turns", "max_tool_calls", "token_budget", "error"):
+            out[f"termination/{reason}"] = float(np.mean([t.termination == reason for t in trajs]))
+        calls = [len(t.tool_calls) for t in trajs]
+        failures = sum(1 for t in trajs for c in t.tool_calls if c.status != "ok")
+        out["tools/calls_per_episode"] = float(np.mean(calls))
+        out["tools/failure_rate"] = failures / max(1, sum(calls))
+        lat = [c.latency_ms for t in trajs for c in t.tool_calls if c.status == "ok"]
+        if lat:
+            out["search/latency_p50_ms"] = float(np.percentile(lat, 50))
+            out["search/latency_p99_ms"] = float(np.percentile(lat, 99))
+        out["answer/length_words"] = float(np.mean([len((t.answer or "").split()) for t in trajs]))
+        return out
+
+    def _save_trajectories(self, trajs: list[Trajectory]) -> None:
+        if self.args.save_trajectories:
+            for t in trajs:
+                t.metadata["step"] = self.global_step
+            write_trajectories(self.run.trajectories / f"step-{self.global_step:06d}.jsonl.gz", trajs)
+
+    # -----------------------------------------------------------------------------------------
+    # evaluation on held-out rows (same prompt, retriever, decoding and answer extraction as offline eval)
+    # -----------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def evaluate(self, rows: list[dict] | None = None, seed: int = 0) -> dict[str, float]:
+        from searchrl.rewards.qa import exact_match, f1_score
+
+        rows = rows if rows is not None else self.eval_rows[: self.args.num_eval_questions]
+        if not rows:
+            return {}
+        trajs: list[Trajectory] = []
+        bs = self.args.local_batch_size
+        for i in range(0, len(rows), bs):
+            t, _ = self.rollout(rows[i : i + bs], seed=seed + i, temperature=self.args.eval_temperature)
+            trajs.extend(t)
+        em = [exact_match(t.answer or "", t.golds) for t in trajs]
+        f1 = [f1_score(t.answer or "", t.golds) for t in trajs]
+        out = {
+            "eval/exact_match": float(np.mean(em)),
+            "eval/f1": float(np.mean(f1)),
+            "eval/searches_per_question": float(np.mean([len(t.tool_calls) for t in trajs])),
+        }
+        if self.rubric is not None:
+            out["eval/reward"] = float(np.mean([self.rubric.score(t)[0] for t in trajs]))
+        atomic_write_json(self.run.eval / f"step-{self.global_step}.json", {"step": self.global_step, **out})
+        return out
+
+    # -----------------------------------------------------------------------------------------
+    # checkpoints: written to a temporary folder, then renamed; `trainer_state.json` marks completion
+    # -----------------------------------------------------------------------------------------
+    def save_checkpoint(self) -> Path:
+        final = self.run.checkpoint_dir(self.global_step)
+        tmp = final.with_name(f".tmp-{final.name}")
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir(parents=True)
+        self.policy.save_pretrained(tmp / "policy")
+        self.tokenizer.save_pretrained(tmp / "policy")
+        if self.model.value_mode == "separate":
+            self.model.value_model.save_pretrained(tmp / "value")
+        else:
+            torch.save(self.model.value_head.state_dict(), tmp / "value_head.pt")
+        torch.save(
+            {
+                "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.lr_scheduler.state_dict(),
+                "rng": {
+                    "python": random.getstate(),
+                    "numpy": np.random.get_state(),
+                    "torch": torch.get_rng_state(),
+                },
+            },
+            tmp / "optim_rng.pt",
+        )
+        state = {
+            "global_step": self.global_step,
+            "episode": self.episode,
+            "data_epoch": self.data_epoch,
+            "data_offset": self.data_offset,
+            "kl_controller": self.kl_ctl.state_dict(),
+            "guard": self.guard.state_dict(),
+            "last_metrics": self.last_metrics,
+        }
+        atomic_write_json(tmp / "trainer_state.json", state)
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        self._callback("on_save")
+        return final
+
+    def load_checkpoint(self, path: str | Path) -> None:
+        path = Path(path)
+        state = json.loads((path / "trainer_state.json").read_text())
+        load_weights(self.policy, path / "policy")
+        if self.model.value_mode == "separate":
+            load_weights(self.model.value_model, path / "value")
+        else:
+            self.model.value_head.load_state_dict(torch.load(path / "value_head.pt"))
+        blob = torch.load(path / "optim_rng.pt", weights_only=False)
+        self.optimizer.load_state_dict(blob["optimizer"])
+        self.lr_scheduler.load_state_dict(blob["scheduler"])
+        random.setstate(blob["rng"]["python"])
+        np.random.set_state(blob["rng"]["numpy"])
+        torch.set_rng_state(blob["rng"]["torch"])
+        self.global_step = state["global_step"]
+        self.episode = state["episode"]
+        self.data_epoch = state["data_epoch"]
+        self.data_offset = state["data_offset"]
+        self.kl_ctl.load_state_dict(state["kl_controller"])
+        self.guard.load_state_dict(state.get("guard", {}))
+        self.last_metrics = state.get("last_metrics", {})
+        self.last_good_checkpoint = path
+
+    # -----------------------------------------------------------------------------------------
+    # the training loop
+    # -----------------------------------------------------------------------------------------
+    def train(self, resume: bool = False) -> dict[str, float]:
+        a = self.args
+        if resume:
+            ckpt = self.run.latest_checkpoint()
+            if ckpt is not None:
+                self.load_checkpoint(ckpt)
+                self._truncate_metrics_after(self.global_step)
+        if self.global_step == 0:
+            save_config(a, self.run.config)
+            self.run.write_manifest(
+                build_manifest(
+                    seeds={"seed": a.seed},
+                    tokenizer=self.tokenizer,
+                    generation_config=asdict(self.generation_config),
+                    extra={
+                        "trainer": "ppo",
+                        "value_mode": a.value_mode,
+                        "kl_controller": type(self.kl_ctl).__name__,
+                    },
+                )
+            )
+            if a.collapse_guard:
+                self.last_good_checkpoint = self.save_checkpoint()
+        self._callback("on_train_begin")
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+        progress = Progress(
+            TextColumn("[bold]PPO"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeRemainingColumn(),
+            TextColumn("{task.fields[info]}"),
+            disable=not a.progress_bar,
+        )
+        with progress:
+            task = progress.add_task("ppo", total=self.num_total_batches, completed=self.global_step, info="")
+            while self.global_step < self.num_total_batches:
+                metrics = self.step()
+                if a.eval_steps and self.eval_rows and self.global_step % a.eval_steps == 0:
+                    metrics.update(self.evaluate())
+                rollback = a.collapse_guard and self._collapse_check(metrics)
+                append_jsonl(self.run.metrics, metrics)
+                self._callback("on_log", logs=metrics)
+                self._callback("on_step_end")
+                if not rollback and a.save_steps and self.global_step % a.save_steps == 0:
+                    self.last_good_checkpoint = self.save_checkpoint()
+                progress.update(
+                    task,
+                    completed=self.global_step,
+                    info=f"score {metrics['objective/scores']:.3f} kl {metrics['objective/kl']:.3f}",
+                )
+        if (
+            self.run.latest_checkpoint() is None
+            or self.run.latest_checkpoint().name != f"step-{self.global_step}"
+        ):
+            self.save_checkpoint()
+        self._callback("on_train_end")
+        return self.last_metrics
+
+    def _collapse_check(self, metrics: dict[str, float]) -> bool:
+        reason = self.guard.check({k: v for k, v in metrics.items() if isinstance(v, int | float)})
+        if reason is None or self.last_good_checkpoint is None:
+            return False
+        failed_step = self.global_step
+        self.load_checkpoint(self.last_good_checkpoint)
+        for g in self.optimizer.param_groups:
+            g["lr"] *= self.args.collapse_lr_decay
+        if hasattr(self.lr_scheduler, "base_lrs"):
+            self.lr_scheduler.base_lrs = [
+                lr * self.args.collapse_lr_decay for lr in self.lr_scheduler.base_lrs
+            ]
+        self.guard.reset_window()
+        # Step numbers stay monotonic in the log even though the weights went back.
+        self.rollbacks = getattr(self, "rollbacks", 0) + 1
+        metrics["guard/rollback"] = 1.0
+        metrics["guard/rolled_back_to_step"] = float(self.global_step)
+        metrics["guard/failed_step"] = float(failed_step)
+        metrics["guard/reason"] = reason  # type: ignore[assignment]
+        return True
+
+    def _truncate_metrics_after(self, step: int) -> None:
+        """On resume, drop log lines written after the checkpoint so the log has no duplicate steps."""
+        path = self.run.metrics
+        if not path.exists():
+            return
+        keep = []
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if row.get("step", 0) <= step:
+                keep.append(line)
+        from searchrl.common.io import atomic_write_text
+
+        atomic_write_text(path, "".join(line + "\n" for line in keep))
+
+    # -----------------------------------------------------------------------------------------
+    # transformers callbacks: report_to integrations (tensorboard, trackio, ...) plus the user's own
+    # -----------------------------------------------------------------------------------------
+    def _init_callbacks(self, callbacks: list[Any] | None) -> None:
+        from transformers import TrainerControl, TrainerState, TrainingArguments
+        from transformers.integrations import get_reporting_integration_callbacks
+        from transformers.trainer_callback import CallbackHandler
+
+        report_to = [r for r in self.args.report_to if r != "none"]
+        self.hf_args = TrainingArguments(
+            output_dir=str(self.args.output_dir),
+            report_to=report_to or "none",
+            use_cpu=not torch.cuda.is_available() or self.args.use_cpu,
+            seed=self.args.seed,
+            logging_steps=self.args.logging_steps,
+        )
+        self.state = TrainerState()
+        self.control = TrainerControl()
+        from transformers.trainer_callback import DefaultFlowCallback
+
+        integrations = get_reporting_integration_callbacks(report_to) if report_to else []
+        self.callback_handler = CallbackHandler(
+            [DefaultFlowCallback, *integrations, *(callbacks or [])], None, self.tokenizer, None, None
+        )
+
+    def _callback(self, event: str, **kwargs: Any) -> None:
+        self.state.global_step = self.global_step
+        self.state.max_steps = self.num_total_batches
+        handler = self.callback_handler
+        handler.model, handler.optimizer, handler.lr_scheduler = (
+            self.policy,
+            self.optimizer,
+            self.lr_scheduler,
+        )
+        if event == "on_log":
+            logs = {k: v for k, v in kwargs["logs"].items() if isinstance(v, int | float)}
+            self.state.log_history.append(logs)
+            kwargs = {"logs": logs}
+        self.control = getattr(handler, event)(self.hf_args, self.state, self.control, **kwargs)
+
+
+def load_weights(model: nn.Module, path: Path) -> None:
+    """Load a `save_pretrained` folder's weights into an existing model (keeps optimizer references)."""
+    from safetensors.torch import load_file
+
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{path}: no *.safetensors weights to load")
+    state: dict[str, torch.Tensor] = {}
+    for f in files:
+        state.update(load_file(str(f)))
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    real_missing = [k for k in missing if not k.endswith("lm_head.weight")]
+    if real_missing or unexpected:
+        raise RuntimeError(
+            f"{path}: weights do not match the model (missing {real_missing[:3]}, unexpected {unexpected[:3]})"
+        )
