@@ -80,7 +80,9 @@ def read_jsonl(path: str | os.PathLike) -> Iterator[dict]:
         except json.JSONDecodeError as e:
             if lineno == len(lines) and not line.endswith("\n"):
                 return
-            raise ValueError(f"{path}:{lineno}: not valid JSON ({e.msg}); each line must be one JSON object") from e
+            raise ValueError(
+                f"{path}:{lineno}: not valid JSON ({e.msg}); each line must be one JSON object"
+            ) from e
         if not isinstance(row, dict):
             raise ValueError(f"{path}:{lineno}: expected a JSON object per line, got {type(row).__name__}")
         yield row
