@@ -13,8 +13,16 @@ from typer.testing import CliRunner
 from searchrl.cli import app
 from searchrl.common.config import ConfigError
 from searchrl.common.io import read_jsonl
-from searchrl.data.synthetic import SPLITS, SynthConfig, generate, preset_config
+from searchrl.data.synthetic import (
+    RELATION_WORDS,
+    SPLITS,
+    SynthConfig,
+    expert_queries,
+    generate,
+    preset_config,
+)
 from searchrl.rewards.qa import contains_answer, normalize_answer
+from searchrl.search.index import build_index
 
 runner = CliRunner()
 
@@ -103,7 +111,12 @@ def test_rows_follow_the_schema_and_sizes_are_configurable(task):
             "supporting_doc_ids",
             "answer_type",
             "relation",
+            "subject",
+            "bridge",
         }
+        assert (row["bridge"] is None) == (row["hops"] == 1) and contains_answer(
+            row["question"], row["subject"]
+        )
         assert row["question"].endswith("?") and row["golds"] and row["hops"] in (1, 2)
     # Two-hop share is honoured exactly when the world has enough of each kind.
     n_two = sum(r["hops"] == 2 for r in task.splits["train"])
@@ -137,16 +150,6 @@ def test_bm25_on_the_question_ranks_the_first_supporting_document_first(small_ta
         assert sum(hits) / len(hits) >= 0.85, split
 
 
-_RELATION_WORD = {
-    "born_in": "born",
-    "employee_of": "employee",
-    "founded_in": "founded",
-    "directed_by": "directed",
-    "located_in": "country",
-    "capital_of": "capital",
-}
-
-
 def test_distractors_share_names_but_each_answer_is_unique(task):
     by_title: dict[str, list[dict]] = {}
     for doc in task.corpus:
@@ -159,7 +162,7 @@ def test_distractors_share_names_but_each_answer_is_unique(task):
                 continue
             subject_docs = by_title[next(t for t in by_title if contains_answer(row["question"], t))]
             stating = [
-                d["id"] for d in subject_docs if _RELATION_WORD[row["relation"]] in d["contents"].split()
+                d["id"] for d in subject_docs if RELATION_WORDS[row["relation"]] in d["contents"].split()
             ]
             assert stating == row["supporting_doc_ids"], row
 
@@ -192,3 +195,22 @@ def test_every_data_command_has_help():
         result = runner.invoke(app, args)
         assert result.exit_code == 0 and "Usage" in result.output
     assert "--size" in runner.invoke(app, ["data", "synth", "--help"]).output
+
+
+def test_searchrl_bm25_finds_every_hop_with_the_expert_queries(task, tmp_path):
+    """Through the search room's own index (k1 0.9, b 0.4, stemming): the question and each expert query
+    put the supporting document of their hop first, so the task is learnable by searching."""
+    paths = task.write(tmp_path / "data")
+    backend = build_index(paths["corpus"], tmp_path / "index", backend="bm25")
+    rows = [r for s in SPLITS for r in task.splits[s]]
+    by_question = backend.search([r["question"] for r in rows], 1)
+    assert sum(
+        h[0].doc_id == r["supporting_doc_ids"][0] for h, r in zip(by_question, rows, strict=True)
+    ) >= 0.95 * len(rows)
+    queries = [
+        (q, doc) for r in rows for q, doc in zip(expert_queries(r), r["supporting_doc_ids"], strict=True)
+    ]
+    hits = backend.search([q for q, _ in queries], 1)
+    assert sum(h[0].doc_id == doc for h, (_, doc) in zip(hits, queries, strict=True)) >= 0.95 * len(queries)
+    two_hop = next(r for r in rows if r["hops"] == 2)
+    assert expert_queries(two_hop)[1].startswith(two_hop["bridge"])

@@ -112,6 +112,16 @@ _MENTION_TEMPLATES = (
     "{s} appears in a footnote of {work}.",
 )
 
+# The word each fact document shares with its questions; an expert's query is the entity name plus it.
+RELATION_WORDS = {
+    "born_in": "born",
+    "employee_of": "employee",
+    "founded_in": "founded",
+    "directed_by": "directed",
+    "located_in": "country",
+    "capital_of": "capital",
+}
+
 _ANSWER_TYPES = {"city": "place", "country": "place", "org": "organisation", "person": "person"}
 
 
@@ -428,6 +438,7 @@ def _candidates(builder: _WorldBuilder) -> list[dict[str, Any]]:
                 "answer": fact.obj,
                 "template": rng.choice(_SINGLE_HOP_QUESTIONS[fact.relation]),
                 "supporting_doc_ids": [doc_of[(fact.relation, fact.subject)]],
+                "bridge": None,
             }
         )
     for name, first, second, templates in _TWO_HOP_CHAINS:
@@ -443,6 +454,7 @@ def _candidates(builder: _WorldBuilder) -> list[dict[str, Any]]:
                     "answer": answer,
                     "template": rng.choice(templates),
                     "supporting_doc_ids": [doc_of[(first, subject)], doc_of[(second, middle)]],
+                    "bridge": middle,
                 }
             )
     return out
@@ -492,7 +504,32 @@ def _row(builder: _WorldBuilder, split: str, index: int, cand: dict[str, Any]) -
         "supporting_doc_ids": cand["supporting_doc_ids"],
         "answer_type": _ANSWER_TYPES[answer.kind],
         "relation": cand["relation"],
+        "subject": subject.name,
+        "bridge": builder.entities[cand["bridge"]].name if cand["bridge"] else None,
     }
+
+
+def relation_chain(relation: str) -> tuple[str, ...]:
+    """The fact relations a question's relation walks: ("born_in",) or ("directed_by", "born_in")."""
+    if relation in _FACT_TEMPLATES:
+        return (relation,)
+    for name, first, second, _ in _TWO_HOP_CHAINS:
+        if name == relation:
+            return (first, second)
+    raise KeyError(
+        f"unknown relation {relation!r}; known: {sorted(_FACT_TEMPLATES) + [c[0] for c in _TWO_HOP_CHAINS]}"
+    )
+
+
+def expert_queries(row: dict[str, Any]) -> list[str]:
+    """The search queries an expert would issue for a synthetic row, one per hop (for SFT demonstrations).
+
+    Hop 1 searches the entity the question names with the first relation's word; hop 2 searches the
+    bridge entity (which the hop-1 document names) with the second relation's word.
+    """
+    chain = relation_chain(row["relation"])
+    entities = [row["subject"]] + ([row["bridge"]] if len(chain) == 2 else [])
+    return [f"{entity} {RELATION_WORDS[rel]}" for entity, rel in zip(entities, chain, strict=True)]
 
 
 def generate(config: SynthConfig | None = None) -> SynthTask:
