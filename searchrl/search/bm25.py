@@ -16,13 +16,34 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import bm25s
-import numpy as np
 from bm25s.tokenization import Tokenizer
 
-from searchrl.search.base import Hit
+from searchrl.search.base import Hit, make_hit
 from searchrl.search.corpus import DocStore, Document
 
 BM25_METHODS = ("robertson", "lucene", "atire", "bm25l", "bm25+")
+
+
+def _enable_numba_cache() -> None:
+    """Turn on numba's on-disk cache for bm25s' JIT functions.
+
+    bm25s compiles its scorer on first use without `cache=True`, which costs ~5-10 s in *every*
+    process (each server worker, each test). `Dispatcher.enable_caching()` is numba's public switch
+    for exactly this; with it, later processes load the compiled code in well under a second. The
+    cache lives in numba's usual place (next to bm25s, else the user cache dir, or $NUMBA_CACHE_DIR).
+    """
+    try:
+        from bm25s.numba import retrieve_utils, selection
+        from numba.core.registry import CPUDispatcher
+    except ImportError:  # numba missing: bm25s itself will say so when the numba backend is used
+        return
+    for module in (retrieve_utils, selection):
+        for obj in vars(module).values():
+            if isinstance(obj, CPUDispatcher):
+                obj.enable_caching()
+
+
+_enable_numba_cache()
 
 
 @dataclass(frozen=True)
@@ -131,6 +152,12 @@ class BM25Backend:
         tokenizer.load_vocab(str(index_dir / "bm25"))
         return cls(retriever, tokenizer, DocStore(index_dir / "docs"), params, fingerprint)
 
+    def warm_up(self) -> None:
+        """Run one real search so numba compiles the scorer now (seconds) rather than on a live query."""
+        word = next((w for w in self._tokenizer.word_to_id if w), None)
+        if word is not None:
+            self.search([word], 1)
+
     def tokenize(self, queries: list[str]) -> list[list[int]]:
         """Token ids of each query in the index's vocabulary (unknown words dropped)."""
         return self._tokenizer.tokenize(queries, update_vocab=False, return_as="ids", show_progress=False)
@@ -150,16 +177,14 @@ class BM25Backend:
         doc_idx, scores = self._retriever.retrieve(
             live_ids, k=k_eff, return_as="tuple", show_progress=False, n_threads=self.n_threads
         )
+        # Rows are sorted best first; a zero score means no query term occurs in the document, so
+        # each row keeps only its positive prefix.
+        n_positive = (scores > 0).sum(axis=1).tolist()
+        ids, titles, texts = self._docs.columns(doc_idx)
+        score_rows = scores.tolist()
         for row, qi in enumerate(live):
-            results[qi] = self._hits(doc_idx[row], scores[row])
+            n = n_positive[row]
+            results[qi] = list(
+                map(make_hit, ids[row][:n], score_rows[row][:n], titles[row][:n], texts[row][:n])
+            )
         return results
-
-    def _hits(self, doc_idx: np.ndarray, scores: np.ndarray) -> list[Hit]:
-        docs = self._docs
-        hits = []
-        for i, s in zip(doc_idx.tolist(), scores.tolist(), strict=True):
-            # Results are sorted; a zero score means no query term occurs in the document.
-            if s <= 0.0:
-                break
-            hits.append(Hit(docs.doc_id(i), s, docs.title(i), docs.text(i)))
-        return hits

@@ -26,7 +26,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
-from searchrl.search.base import BadSearchRequest, Hit, SearchTimeout, SearchUnavailable
+from searchrl.search.base import BadSearchRequest, Hit, SearchTimeout, SearchUnavailable, make_hit
 from searchrl.search.corpus import split_search_r1_contents
 
 PROTOCOL_PATHS = {"search_r1": "/retrieve", "flashrag": "/batch_search", "skyrl": "/retrieve"}
@@ -36,15 +36,16 @@ def _hit_from_document(doc: Any, score: Any, where: str) -> Hit:
     if not isinstance(doc, dict):
         raise SearchUnavailable(f"{where}: expected a document object, got {type(doc).__name__}")
     doc_id = doc.get("id", doc.get("doc_id", ""))
-    if "title" in doc and "text" in doc:
-        title, text = str(doc["title"]), str(doc["text"])
+    title, text = doc.get("title"), doc.get("text")
+    if isinstance(title, str) and isinstance(text, str):
+        pass  # searchrl servers send both; no need to re-parse `contents`
     else:
         title, text = split_search_r1_contents(str(doc.get("contents", doc.get("text", ""))))
     try:
         value = float(score) if score is not None else 0.0
     except (TypeError, ValueError):
         raise SearchUnavailable(f"{where}: score {score!r} is not a number") from None
-    return Hit(str(doc_id), value, title, text)
+    return make_hit(str(doc_id), value, title, text)
 
 
 def _parse_search_r1_lists(lists: Any, where: str) -> list[list[Hit]]:

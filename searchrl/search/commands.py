@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 
 import typer
 
 
-class BackendName(str, Enum):
+class BackendName(StrEnum):
     bm25 = "bm25"
     dense = "dense"
 

@@ -100,8 +100,7 @@ def _iter_parquet_rows(path: Path) -> Iterator[tuple[int, object]]:
     import pyarrow.parquet as pq
 
     table = pq.read_table(path)
-    for i, row in enumerate(table.to_pylist(), start=1):
-        yield i, row
+    yield from enumerate(table.to_pylist(), start=1)
 
 
 def iter_documents(path: str | os.PathLike) -> Iterator[Document]:
@@ -146,12 +145,17 @@ _FIELDS = ("ids", "titles", "texts")
 
 
 class DocStore:
-    """Documents by integer position, backed by mmap'd UTF-8 blobs (written once by `DocStore.write`)."""
+    """Documents by integer position, stored as UTF-8 blobs + offsets (written once by `DocStore.write`).
 
-    def __init__(self, directory: str | os.PathLike):
+    A store up to `memory_limit_bytes` of text is decoded into numpy object arrays at load, so a batch
+    of hits is three fancy-indexing operations; a larger one (wiki-18 is ~14 GB of text) stays on disk,
+    mmap'd, and each hit costs a slice and a decode instead of resident memory.
+    """
+
+    def __init__(self, directory: str | os.PathLike, memory_limit_bytes: int = 1 << 30):
         directory = Path(directory)
         self._blobs: dict[str, np.ndarray] = {}
-        self._offsets: dict[str, np.ndarray] = {}
+        self._off: dict[str, list[int]] = {}
         for field in _FIELDS:
             blob_path = directory / f"{field}.bin"
             # np.memmap refuses empty files; an all-empty field (no titles) is a zero-length array.
@@ -159,17 +163,28 @@ class DocStore:
                 self._blobs[field] = np.zeros(0, dtype=np.uint8)
             else:
                 self._blobs[field] = np.memmap(blob_path, dtype=np.uint8, mode="r")
-            self._offsets[field] = np.load(directory / f"{field}.offsets.npy", mmap_mode="r")
-        self._n = len(self._offsets["ids"]) - 1
-        # Offsets as Python lists: indexing a list is several times cheaper than a numpy scalar read,
-        # and hits are built in a tight loop. 8 bytes x 3 x n is small next to the index itself.
-        self._off = {f: self._offsets[f].tolist() for f in _FIELDS}
+            # Offsets as Python lists: indexing a list is several times cheaper than a numpy scalar read.
+            self._off[field] = np.load(directory / f"{field}.offsets.npy", mmap_mode="r").tolist()
+        self._n = len(self._off["ids"]) - 1
         self._raw = {f: memoryview(self._blobs[f]) for f in _FIELDS}
+        total = sum(len(b) for b in self._blobs.values())
+        self.in_memory = total <= memory_limit_bytes
+        self._arrays: dict[str, np.ndarray] = {}
+        if self.in_memory:
+            for field in _FIELDS:
+                arr = np.empty(self._n, dtype=object)
+                arr[:] = [self._decode(field, i) for i in range(self._n)]
+                self._arrays[field] = arr
 
     def __len__(self) -> int:
         return self._n
 
     def _get(self, field: str, i: int) -> str:
+        if self._arrays:
+            return self._arrays[field][i]
+        return self._decode(field, i)
+
+    def _decode(self, field: str, i: int) -> str:
         off = self._off[field]
         return str(self._raw[field][off[i] : off[i + 1]], "utf-8")
 
@@ -184,6 +199,17 @@ class DocStore:
 
     def get(self, i: int) -> Document:
         return Document(self.doc_id(i), self.title(i), self.text(i))
+
+    def columns(self, positions: np.ndarray) -> tuple[list, list, list]:
+        """(ids, titles, texts) for an array of positions, as nested lists of the same shape."""
+        if self._arrays:
+            return tuple(self._arrays[f][positions].tolist() for f in _FIELDS)  # type: ignore[return-value]
+        flat = np.asarray(positions).tolist()
+
+        def fetch(field: str, rows):
+            return [fetch(field, r) for r in rows] if isinstance(rows, list) else self._get(field, rows)
+
+        return tuple(fetch(f, flat) for f in _FIELDS)  # type: ignore[return-value]
 
     @staticmethod
     def write(directory: str | os.PathLike, docs: list[Document]) -> None:

@@ -127,7 +127,7 @@ class DenseBackend:
             out.append(
                 [
                     Hit(docs.doc_id(i), s, docs.title(i), docs.text(i))
-                    for i, s in zip(row_idx, row_scores)
+                    for i, s in zip(row_idx, row_scores, strict=False)
                     if i >= 0
                 ]
             )

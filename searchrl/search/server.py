@@ -338,6 +338,12 @@ def app_from_env() -> FastAPI:
     index_dir = os.environ[_ENV_INDEX]
     limits = ServerLimits(**json.loads(os.environ.get(_ENV_LIMITS, "{}")))
     backend = load_index(index_dir)
+    # One search before accepting connections: numba compiles the BM25 scorer on first use (seconds),
+    # and that cost belongs to start-up, not to the first client's read timeout. /health answering
+    # therefore means ready to search at full speed.
+    warm_up = getattr(backend, "warm_up", None)
+    if warm_up is not None:
+        warm_up()
     return create_app(
         backend,
         token=os.environ.get(_ENV_TOKEN) or None,

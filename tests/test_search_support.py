@@ -1,0 +1,95 @@
+"""Shared helpers for the search tests: a toy corpus and a real `searchrl serve` subprocess.
+
+(Named test_search_* so it lives with the search room's tests; it holds no tests itself.)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+
+TOY_DOCS = [
+    {
+        "id": "p1",
+        "title": "Varnel Oskar",
+        "contents": "Varnel Oskar was born in Tirrow and works for Quell Systems.",
+    },
+    {"id": "p2", "title": "Mira Dassen", "contents": "Mira Dassen directed the film Glass Harbor in Tirrow."},
+    {"id": "c1", "contents": '"Tirrow"\nTirrow is the capital of Veland, a city of bridges and rivers.'},
+    {"id": "o1", "title": "Quell Systems", "contents": "Quell Systems was founded in Brask by Ana Quell."},
+    {
+        "id": "w1",
+        "title": "Glass Harbor",
+        "contents": "Glass Harbor is a film about running rivers and harbors.",
+    },
+    {"id": "x1", "title": "", "contents": "A distractor about bridges, rivers and the weather in Brask."},
+    {"id": "x2", "title": "Runner", "contents": "The runner runs; running is what runners do."},
+    {"id": "x3", "title": "Empty words", "contents": "the and of a"},
+]
+
+
+def write_corpus(path: Path, rows: list[dict] = TOY_DOCS) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerProcess:
+    """`python -m searchrl.search.server` on a free 127.0.0.1 port, waited for via GET /health."""
+
+    def __init__(self, index_dir: Path, token: str | None = None, extra: list[str] | None = None):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        cmd = [
+            sys.executable,
+            "-m",
+            "searchrl.search.server",
+            "--index",
+            str(index_dir),
+            "--port",
+            str(self.port),
+        ]
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        env.pop("SEARCHRL_SERVE_TOKEN", None)
+        if token:
+            env["SEARCHRL_SERVE_TOKEN"] = token  # not on argv, as a real deployment would do
+        self.proc = subprocess.Popen(cmd + (extra or []), cwd=ROOT, env=env, stderr=subprocess.PIPE)
+        self._wait_healthy()
+
+    def _wait_healthy(self, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited early: {self.proc.stderr.read().decode()[-2000:]}")
+            try:
+                if httpx.get(self.url + "/health", timeout=0.5).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        self.stop()
+        raise RuntimeError("server did not become healthy in time")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+
+    def __enter__(self) -> ServerProcess:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
