@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 
 import bm25s
 import pytest
@@ -214,3 +217,16 @@ def test_searchrl_bm25_finds_every_hop_with_the_expert_queries(task, tmp_path):
     assert sum(h[0].doc_id == doc for h, (_, doc) in zip(hits, queries, strict=True)) >= 0.95 * len(queries)
     two_hop = next(r for r in rows if r["hops"] == 2)
     assert expert_queries(two_hop)[1].startswith(two_hop["bridge"])
+
+
+def test_files_are_identical_across_processes_with_different_hash_seeds(tmp_path):
+    """String hashing differs per process; nothing in generation may depend on set or dict-of-hash order."""
+    script = "import sys; from searchrl.data.synthetic import generate, preset_config; "
+    script += "generate(preset_config('tiny', seed=9)).write(sys.argv[1])"
+    for hash_seed in ("1", "2"):
+        env = {**os.environ, "PYTHONHASHSEED": hash_seed}
+        subprocess.run(
+            [sys.executable, "-c", script, str(tmp_path / hash_seed)], check=True, env=env, timeout=60
+        )
+    for name in ("corpus.jsonl", "train.jsonl", "test.jsonl"):
+        assert (tmp_path / "1" / name).read_bytes() == (tmp_path / "2" / name).read_bytes(), name
