@@ -230,3 +230,14 @@ def test_files_are_identical_across_processes_with_different_hash_seeds(tmp_path
         )
     for name in ("corpus.jsonl", "train.jsonl", "test.jsonl"):
         assert (tmp_path / "1" / name).read_bytes() == (tmp_path / "2" / name).read_bytes(), name
+
+
+def test_seed_comes_from_the_option_else_the_config_file(tmp_path):
+    cfg = tmp_path / "synth.yaml"
+    cfg.write_text("seed: 5\n")
+    base = ["data", "synth", "--size", "tiny", "--config", str(cfg), "--out"]
+    assert runner.invoke(app, [*base, str(tmp_path / "from_yaml")]).exit_code == 0
+    assert runner.invoke(app, [*base, str(tmp_path / "from_option"), "--seed", "6"]).exit_code == 0
+    expected = {5: generate(preset_config("tiny", seed=5)), 6: generate(preset_config("tiny", seed=6))}
+    assert list(read_jsonl(tmp_path / "from_yaml" / "corpus.jsonl")) == expected[5].corpus
+    assert list(read_jsonl(tmp_path / "from_option" / "corpus.jsonl")) == expected[6].corpus

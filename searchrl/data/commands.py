@@ -16,7 +16,9 @@ from searchrl.data.synthetic import SIZE_PRESETS, SynthConfig, generate
 data_app = typer.Typer(help="Datasets: generate the synthetic task, check QA files.", no_args_is_help=True)
 
 
-def _synth_config(size: str, seed: int, config: Path | None, counts: dict[str, int | None]) -> SynthConfig:
+def _synth_config(
+    size: str, seed: int | None, config: Path | None, counts: dict[str, int | None]
+) -> SynthConfig:
     """Preset, then YAML file, then explicit options: later ones win."""
     if size not in SIZE_PRESETS:
         raise ConfigError(f"--size: unknown size {size!r}; choose one of {list(SIZE_PRESETS)}")
@@ -28,7 +30,8 @@ def _synth_config(size: str, seed: int, config: Path | None, counts: dict[str, i
         if not isinstance(loaded, dict):
             raise ConfigError(f"{config}: the top level must be a mapping of SynthConfig field: value")
         data.update(loaded)
-    data["seed"] = seed
+    if seed is not None:
+        data["seed"] = seed
     data.update({k: v for k, v in counts.items() if v is not None})
     return config_from_dict(SynthConfig, data, str(config or "SynthConfig"))
 
@@ -37,8 +40,11 @@ def _synth_config(size: str, seed: int, config: Path | None, counts: dict[str, i
 def synth(
     out: Annotated[Path, typer.Option("--out", help="Directory for corpus.jsonl and train/dev/test.jsonl.")],
     seed: Annotated[
-        int, typer.Option("--seed", help="Random seed; the same seed gives identical files.")
-    ] = 0,
+        int | None,
+        typer.Option(
+            "--seed", help="Random seed (default: the config's seed, else 0); same seed, same files."
+        ),
+    ] = None,
     size: Annotated[
         str,
         typer.Option("--size", help=f"Size preset: one of {', '.join(SIZE_PRESETS)} (tiny is for tests)."),
