@@ -17,6 +17,7 @@ from searchrl.rewards.combine import (
     Rubric,
     default_rubric,
     load_rubric,
+    mean_breakdown,
     score_batch,
 )
 from searchrl.rewards.qa import ExactMatchReward, F1Reward
@@ -201,3 +202,16 @@ def test_safety_and_cost_terms_reach_the_total_through_the_default_rubric():
     assert rubric.evaluate(_traj(tokens=300))[1]["token_cost"] == pytest.approx(
         TokenCost()(_traj(tokens=300))
     )
+
+
+def test_mean_breakdown_gives_the_batch_means_for_the_log():
+    rubric = Rubric([RewardSpec("f1", F1Reward(), 2.0), RewardSpec("em", ExactMatchReward(), 0.0)])
+    trajs = [_traj(id="a"), _traj(id="b", answer="Port Kesh")]
+    with pytest.raises(ValueError, match="has no reward yet"):
+        mean_breakdown(trajs)
+    rubric.score_batch(trajs)
+    assert mean_breakdown(trajs) == {
+        "reward/total": pytest.approx((2.0 + 1.0) / 2),
+        "reward/f1": pytest.approx((2.0 + 1.0) / 2),
+        "reward/metric/em": pytest.approx(0.5),
+    }

@@ -126,6 +126,22 @@ def score_batch(rubric: Rubric, trajs: Sequence[Trajectory]) -> list[float]:
     return rubric.score_batch(trajs)
 
 
+def mean_breakdown(trajs: Sequence[Trajectory], prefix: str = "reward/") -> dict[str, float]:
+    """Batch means of every breakdown entry (and of the total) for the metrics log, keys prefixed.
+
+    Entries missing from a trajectory (a term added mid-run) average over the trajectories that have it.
+    """
+    sums: dict[str, float] = {}
+    counts: dict[str, int] = {}
+    for traj in trajs:
+        if traj.reward is None:
+            raise ValueError(f"trajectory {traj.id} has no reward yet; score it with Rubric.score first")
+        for key, value in {"total": traj.reward, **traj.reward_breakdown}.items():
+            sums[key] = sums.get(key, 0.0) + value
+            counts[key] = counts.get(key, 0) + 1
+    return {prefix + key: sums[key] / counts[key] for key in sums}
+
+
 # -- configuration ----------------------------------------------------------------------------------
 
 
