@@ -86,6 +86,8 @@ def test_invariant_17_stuffing_does_not_pay(others, gold, position, sep):
             "stray protocol markup '<information>'",
         ),
         ("<search>q</search><answer>Port Velmora</answer>", "stray protocol markup '<search>'"),
+        ("<answer>Port Velmora</answer>< Tool_Call >{}", "stray protocol markup '< Tool_Call >'"),
+        ("<|im_start|>assistant\n<answer>Port Velmora</answer>", "stray protocol markup '<|im_start|>'"),
     ],
 )
 def test_invariant_18_format_validator_rejects_malformed_answers(final_text, problem):

@@ -24,17 +24,11 @@ ANSWER_OPEN = "<answer>"
 ANSWER_CLOSE = "</answer>"
 
 # Markup that belongs to the tool protocol or the chat template; inside a final answer turn it means the
-# policy mixed a tool call into its answer or copied observation framing.
-STRAY_MARKUP = (
-    "<tool_call>",
-    "</tool_call>",
-    "<tool_response>",
-    "</tool_response>",
-    "<information>",
-    "</information>",
-    "<search>",
-    "</search>",
-    "<|im_start|>",
+# policy mixed a tool call into its answer or copied observation framing. Matched in any case and with
+# spaces inside the brackets, as the environment's sanitiser does, so "<Tool_Call >" is no way around it.
+STRAY_TAGS = ("tool_call", "tool_response", "information", "search", "tools")
+_STRAY_MARKUP = re.compile(
+    r"<\s*/?\s*(?:" + "|".join(STRAY_TAGS) + r")\s*/?\s*>|<\s*\|\s*im_start\s*\|\s*>", re.IGNORECASE
 )
 
 # End-of-turn tokens a decoder may leave at the end of the final text; they are not policy markup.
@@ -91,9 +85,8 @@ def format_problems(text: str) -> list[str]:
         answer, _ = extract_answer(body)
         if not answer:
             problems.append("the <answer> block is empty")
-    for tag in STRAY_MARKUP:
-        if tag in body:
-            problems.append(f"stray protocol markup {tag!r} in the final turn")
+    for match in _STRAY_MARKUP.finditer(body):
+        problems.append(f"stray protocol markup {match.group(0)!r} in the final turn")
     return problems
 
 
