@@ -543,3 +543,37 @@ def test_statuses_and_step_batch_misuse() -> None:
         step_batch([env, env], ["a", "b"])
     with pytest.raises(RuntimeError, match="reset"):
         SearchEnvironment(FakeBackend()).step("x")
+
+
+def test_fault_injecting_backend_under_many_episodes_never_crashes() -> None:
+    """The search room's fault injector (timeouts, 5xx, latency): every call ends as an observation."""
+    from searchrl.search.faults import FaultInjectingBackend
+
+    faulty = FaultInjectingBackend(
+        FakeBackend(name="inner"), seed=3, timeout_rate=0.3, error_rate=0.3, latency_ms=1.0, timeout_s=0.5
+    )
+    envs = [
+        make_env(faulty, tool_timeout_s=0.2, max_retries=1, retry_backoff_s=0.0, breaker_reset_s=0.0)
+        for _ in range(6)
+    ]
+    seen: set[str] = set()
+    for _ in range(3):
+        live = [e for e in envs if not e.done]
+        for result in step_batch(live, [call("Paris") for _ in live]):
+            assert result.tool_messages and all(m["content"] for m in result.tool_messages)
+            seen.update(r.status for r in result.records)
+    assert "ok" in seen and seen & {"timeout", "unavailable"}
+    assert 3 <= faulty.counters["calls"] <= 6  # one batched call per step (+1 retry), not one per row (18)
+
+
+def test_guard_is_itself_a_backend_with_typed_errors() -> None:
+    from searchrl.env.guard import BackendGuard
+
+    guard = BackendGuard(FakeBackend(failures=[BadSearchRequest("no")]), failure_threshold=1, reset_s=60)
+    with pytest.raises(BadSearchRequest):
+        guard.search(["Paris"], 1)
+    assert [h.doc_id for h in guard.search(["Paris"], 1)[0]] == ["d1"] and guard.fingerprint == "fake-v1"
+    env = SearchEnvironment(guard, EnvConfig())  # an explicit guard is used as it is
+    assert env.guard is guard
+    with pytest.raises(ValueError, match="failure_threshold"):
+        BackendGuard(FakeBackend(), failure_threshold=0)
