@@ -14,6 +14,12 @@ class BackendName(StrEnum):
     dense = "dense"
 
 
+def _fail(message: str) -> typer.Exit:
+    # Plain text on stderr rather than typer's boxed error: long paths in messages stay whole.
+    typer.echo(f"error: {message}", err=True)
+    return typer.Exit(2)
+
+
 def _none_word(value: str | None) -> str | None:
     # On the command line "none" means "switch this off" (no stemmer, no stop words).
     return None if value is None or value.lower() in ("none", "null", "off", "") else value
@@ -55,7 +61,7 @@ def index_command(
     try:
         build_index(corpus, out, backend=backend.value, overwrite=overwrite, **params)
     except (ValueError, FileNotFoundError) as e:
-        raise typer.BadParameter(str(e)) from None
+        raise _fail(str(e)) from None
     meta = read_meta(out)
     typer.echo(
         f"indexed {meta['num_docs']} documents ({meta['backend']}) into {out} in {meta['build_seconds']} s; "
@@ -83,7 +89,7 @@ def search_command(
     from searchrl.search.index import SearchConfig, open_backend
 
     if (index is None) == (url is None):
-        raise typer.BadParameter("give exactly one of --index or --url")
+        raise _fail("give exactly one of --index or --url")
     try:
         backend = open_backend(
             SearchConfig(index=str(index) if index else None, url=url, protocol=protocol, token=token)
@@ -134,7 +140,7 @@ def serve_command(
         limits = ServerLimits(max_queries, max_query_chars, max_topk, default_topk)
         serve(str(index), host=host, port=port, token=token, workers=workers, limits=limits)
     except (IndexFormatError, ValueError) as e:
-        raise typer.BadParameter(str(e)) from None
+        raise _fail(str(e)) from None
 
 
 def register(app: typer.Typer) -> None:
