@@ -53,7 +53,7 @@ from searchrl.ppo.kl import AdaptiveKLController, FixedKLController, kl_penalty
 from searchrl.ppo.losses import policy_loss, value_loss
 from searchrl.rewards.reward_model import FrozenRewardModel
 from searchrl.rollout.generator import GenerationConfig, HFGenerator, sampling_log_probs
-from searchrl.rollout.trajectory import Trajectory, write_trajectories
+from searchrl.rollout.trajectory import TERMINATION_REASONS, Trajectory, write_trajectories
 
 # ---------------------------------------------------------------------------------------------
 # Model plumbing: one module holding policy and critic, so one optimizer and one `prepare` cover both
@@ -148,13 +148,21 @@ def disable_dropout(model: nn.Module) -> None:
 
 
 def value_model_from_policy(policy: nn.Module) -> nn.Module:
-    """A critic initialised from the policy's backbone with a fresh zero score head."""
+    """A critic initialised from the policy's backbone with a fresh zero score head.
+
+    Accepts a plain causal LM or one with PEFT layers injected: LoRA weights are left out and
+    `base_layer.` is stripped, so the critic starts from the *base* backbone either way.
+    """
     config = copy.deepcopy(policy.config)
     config.num_labels = 1
     critic = AutoModelForSequenceClassification.from_config(config)
     prefix = critic.base_model_prefix
-    getattr(critic, prefix).load_state_dict(getattr(policy, prefix).state_dict())
+    source = getattr(policy, prefix).state_dict()
+    base_weights = {k.replace(".base_layer.", "."): v for k, v in source.items() if "lora_" not in k}
+    getattr(critic, prefix).load_state_dict(base_weights)
     nn.init.zeros_(critic.score.weight)
+    if getattr(critic.score, "bias", None) is not None:
+        nn.init.zeros_(critic.score.bias)
     return critic
 
 
@@ -339,6 +347,12 @@ class PPOTrainer:
         self._seed_everything(args.seed)
 
         # --- models -------------------------------------------------------------------------
+        already_peft = hasattr(model, "disable_adapter")
+        if already_peft and peft_config is not None:
+            raise ValueError("model is already a PeftModel: pass peft_config=None, or pass the base model")
+        # The critic is built from the base weights *before* any adapter is injected.
+        if value_model is None and args.value_mode == "separate":
+            value_model = value_model_from_policy(model.get_base_model() if already_peft else model)
         if peft_config is not None:
             from peft import get_peft_model
 
@@ -347,8 +361,8 @@ class PPOTrainer:
         if ref_model is None and not self.is_peft:
             ref_model = frozen_copy(model)
         self.ref_model = ref_model
-        if value_model is None and args.value_mode == "separate":
-            value_model = value_model_from_policy(model.get_base_model() if self.is_peft else model)
+        if args.gradient_checkpointing:
+            model.gradient_checkpointing_enable()
         self.model = PolicyAndValue(model, value_model, args.value_mode).to(self.device)
         self.policy = self.model.policy
         self.reward_model = (
@@ -419,6 +433,10 @@ class PPOTrainer:
         )
         make_gen = generator_factory or HFGenerator
         self.generator = make_gen(self.policy, tok, self.generation_config)
+        # The stop token the rollout ends a turn on (TRL 1.12's `stop_token_id`): the missing-EOS
+        # penalty checks for it, not for whatever `eos_token_id` a model config might carry.
+        self.stop_token_ids = {int(getattr(self.generator, "eos_id", tok.eos_token_id))}
+        self.stop_strings = list(getattr(environment(), "stop_strings", []) or [])
 
         self.guard = CollapseGuard(args)
         self.global_step = 0
@@ -427,6 +445,8 @@ class PPOTrainer:
         self.data_offset = 0
         self.last_good_checkpoint: Path | None = None
         self.last_metrics: dict[str, float] = {}
+        self.rollbacks = 0  # collapse-guard rollbacks so far (checkpointed, so a resumed run keeps count)
+        self.lr_scale = 1.0  # product of the guard's learning-rate cuts, re-applied after every load
 
     # -----------------------------------------------------------------------------------------
     # data and seeds
@@ -487,16 +507,29 @@ class PPOTrainer:
                 t.reward_breakdown["reward_model"] = float(rm[i])
             scores = scores + self.args.reward_model_weight * rm
         if self.args.missing_eos_penalty is not None:
-            # A trajectory whose last sampled token is not the stop token was cut by a budget.
-            eos = self.tokenizer.eos_token_id
+            # TRL 1.12: `scores[~contain_eos] -= missing_eos_penalty`, here per trajectory.
             for i, t in enumerate(trajs):
-                last = t.last_action_index
-                if last < 0 or t.input_ids[last] != eos:
+                if not self.ends_with_stop(t):
                     scores[i] -= self.args.missing_eos_penalty
                     t.reward_breakdown["missing_eos_penalty"] = -self.args.missing_eos_penalty
         for i, t in enumerate(trajs):
             t.reward = float(scores[i])
         return scores
+
+    def ends_with_stop(self, traj: Trajectory) -> bool:
+        """Did the policy end its last turn itself (the configured stop token, or a protocol stop string)?
+
+        False for a trajectory cut by a token budget, whatever its last token: the stop token was never
+        sampled as an ending.
+        """
+        last = traj.last_action_index
+        if last < 0 or traj.termination == "token_budget":
+            return False
+        if traj.input_ids[last] in self.stop_token_ids:
+            return True
+        actions = [sp for sp in traj.spans if sp.kind == "action"]
+        tail = actions[-1].text.rstrip() if actions else ""
+        return any(tail.endswith(stop) for stop in self.stop_strings)
 
     # -----------------------------------------------------------------------------------------
     # 3. forward passes under no_grad: old logprobs, reference logprobs, values
@@ -579,12 +612,13 @@ class PPOTrainer:
         # 7. control: the KL controller sees the batch mean of per-trajectory summed KL (TRL's unit).
         seq_kl = (kl * action_mask).sum(1)
         mean_kl = float(seq_kl.mean())
+        kl_coef_used = float(self.kl_ctl.value)  # the coefficient in this step's rewards, logged as such
         self.kl_ctl.update(mean_kl, a.local_batch_size)
 
         self.global_step += 1
         self.episode += len(trajs)
         n_action = action_mask.sum(1).clamp(min=1)
-        non_score = (-self.kl_ctl.value * kl * action_mask).sum(1)
+        non_score = (-kl_coef_used * kl * action_mask).sum(1)
         metrics: dict[str, float] = {
             "step": self.global_step,
             "episode": self.episode,
@@ -595,7 +629,8 @@ class PPOTrainer:
             "objective/rlhf_reward": float(non_score.mean() + scores.mean()),
             "objective/scores": float(scores.mean()),
             "objective/scores_std": float(scores.std()) if len(scores) > 1 else 0.0,
-            "kl_coef": float(self.kl_ctl.value),
+            "kl_coef": kl_coef_used,
+            "kl_coef_next": float(self.kl_ctl.value),
             "lr": float(self.lr_scheduler.get_last_lr()[0]),
             "val/explained_variance": explained_variance(old_values * action_mask, returns, action_mask),
             "rollout/logprob_max_abs_diff": float(logprob_gap.max()),
@@ -679,7 +714,7 @@ class PPOTrainer:
         keys = sorted({k for t in trajs for k in t.reward_breakdown})
         for k in keys:
             out[f"reward/{k}"] = float(np.mean([t.reward_breakdown.get(k, 0.0) for t in trajs]))
-        for reason in ("answered", "no_answer", "max_turns", "max_tool_calls", "token_budget", "error"):
+        for reason in TERMINATION_REASONS:
             out[f"termination/{reason}"] = float(np.mean([t.termination == reason for t in trajs]))
         calls = [len(t.tool_calls) for t in trajs]
         failures = sum(1 for t in trajs for c in t.tool_calls if c.status != "ok")
@@ -734,7 +769,7 @@ class PPOTrainer:
         if tmp.exists():
             shutil.rmtree(tmp)
         tmp.mkdir(parents=True)
-        self.policy.save_pretrained(tmp / "policy")
+        self.policy.save_pretrained(tmp / "policy")  # with PEFT: the adapter only (the base is frozen)
         self.tokenizer.save_pretrained(tmp / "policy")
         if self.model.value_mode == "separate":
             self.model.value_model.save_pretrained(tmp / "value")
@@ -760,18 +795,38 @@ class PPOTrainer:
             "kl_controller": self.kl_ctl.state_dict(),
             "guard": self.guard.state_dict(),
             "last_metrics": self.last_metrics,
+            "rollbacks": self.rollbacks,
+            "lr_scale": self.lr_scale,
         }
         atomic_write_json(tmp / "trainer_state.json", state)
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
+        self._prune_checkpoints(keep=final)
         self._callback("on_save")
         return final
+
+    def _prune_checkpoints(self, keep: Path) -> None:
+        """Honour `save_total_limit`, never deleting the newest one or the guard's rollback target."""
+        limit = self.args.save_total_limit
+        if not limit:
+            return
+        done = sorted(
+            (p for p in self.run.checkpoints.glob("step-*") if (p / "trainer_state.json").exists()),
+            key=lambda p: int(p.name.split("-")[1]),
+        )
+        protected = {keep, self.last_good_checkpoint}
+        for old in done[: max(0, len(done) - limit)]:
+            if old not in protected:
+                shutil.rmtree(old, ignore_errors=True)
 
     def load_checkpoint(self, path: str | Path) -> None:
         path = Path(path)
         state = json.loads((path / "trainer_state.json").read_text())
-        load_weights(self.policy, path / "policy")
+        if self.is_peft:
+            load_adapter_weights(self.policy, path / "policy")
+        else:
+            load_weights(self.policy, path / "policy")
         if self.model.value_mode == "separate":
             load_weights(self.model.value_model, path / "value")
         else:
@@ -789,6 +844,8 @@ class PPOTrainer:
         self.kl_ctl.load_state_dict(state["kl_controller"])
         self.guard.load_state_dict(state.get("guard", {}))
         self.last_metrics = state.get("last_metrics", {})
+        self.rollbacks = int(state.get("rollbacks", 0))
+        self.lr_scale = float(state.get("lr_scale", 1.0))
         self.last_good_checkpoint = path
 
     # -----------------------------------------------------------------------------------------
@@ -854,25 +911,46 @@ class PPOTrainer:
         return self.last_metrics
 
     def _collapse_check(self, metrics: dict[str, float]) -> bool:
+        """Roll back to the last good checkpoint with a lower learning rate when the guard fires.
+
+        The failed step's metrics stay in the log (with `guard/*` keys saying why); `step` then restarts
+        from the checkpoint's step, so the log's `step` column can repeat after a rollback. The cut
+        compounds: after n rollbacks both learning rates are `collapse_lr_decay ** n` of the schedule's.
+        """
         reason = self.guard.check({k: v for k, v in metrics.items() if isinstance(v, int | float)})
         if reason is None or self.last_good_checkpoint is None:
             return False
+        if self.rollbacks >= self.args.collapse_max_rollbacks:
+            append_jsonl(self.run.metrics, {**metrics, "guard/reason": reason, "guard/gave_up": 1.0})
+            raise RuntimeError(
+                f"collapse guard: the run collapsed again at step {self.global_step} ({reason}) after "
+                f"{self.rollbacks} rollbacks (collapse_max_rollbacks={self.args.collapse_max_rollbacks}); "
+                "lower learning_rate, raise kl_coef, or loosen the collapse_* bounds"
+            )
         failed_step = self.global_step
+        rollbacks, lr_scale = self.rollbacks + 1, self.lr_scale * self.args.collapse_lr_decay
         self.load_checkpoint(self.last_good_checkpoint)
-        for g in self.optimizer.param_groups:
-            g["lr"] *= self.args.collapse_lr_decay
-        if hasattr(self.lr_scheduler, "base_lrs"):
-            self.lr_scheduler.base_lrs = [
-                lr * self.args.collapse_lr_decay for lr in self.lr_scheduler.base_lrs
-            ]
+        # The checkpoint's scheduler already carries its own lr_scale: scale by the ratio only.
+        self._rescale_learning_rates(lr_scale / self.lr_scale)
+        self.rollbacks, self.lr_scale = rollbacks, lr_scale
         self.guard.reset_window()
-        # Step numbers stay monotonic in the log even though the weights went back.
-        self.rollbacks = getattr(self, "rollbacks", 0) + 1
         metrics["guard/rollback"] = 1.0
+        metrics["guard/rollbacks"] = float(self.rollbacks)
+        metrics["guard/lr_scale"] = self.lr_scale
         metrics["guard/rolled_back_to_step"] = float(self.global_step)
         metrics["guard/failed_step"] = float(failed_step)
         metrics["guard/reason"] = reason  # type: ignore[assignment]
         return True
+
+    def _rescale_learning_rates(self, factor: float) -> None:
+        """Multiply the current and the scheduled (base) learning rates of every param group by `factor`."""
+        for g in self.optimizer.param_groups:
+            g["lr"] *= factor
+            if "initial_lr" in g:
+                g["initial_lr"] *= factor
+        if hasattr(self.lr_scheduler, "base_lrs"):
+            self.lr_scheduler.base_lrs = [lr * factor for lr in self.lr_scheduler.base_lrs]
+            self.lr_scheduler._last_lr = [g["lr"] for g in self.optimizer.param_groups]
 
     def _truncate_metrics_after(self, step: int) -> None:
         """On resume, drop log lines written after the checkpoint so the log has no duplicate steps."""
@@ -930,6 +1008,22 @@ class PPOTrainer:
             self.state.log_history.append(logs)
             kwargs = {"logs": logs}
         self.control = getattr(handler, event)(self.hf_args, self.state, self.control, **kwargs)
+
+
+def load_adapter_weights(model: nn.Module, path: Path) -> None:
+    """Load a PEFT `save_pretrained` folder's adapter weights into an existing PeftModel."""
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    file = path / "adapter_model.safetensors"
+    if not file.exists():
+        raise FileNotFoundError(
+            f"{path}: no adapter_model.safetensors (was this checkpoint written with PEFT?)"
+        )
+    result = set_peft_model_state_dict(model, load_file(str(file)))
+    unexpected = list(getattr(result, "unexpected_keys", []) or [])
+    if unexpected:
+        raise RuntimeError(f"{path}: adapter weights do not match the model (unexpected {unexpected[:3]})")
 
 
 def load_weights(model: nn.Module, path: Path) -> None:
