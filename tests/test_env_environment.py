@@ -317,6 +317,28 @@ def test_observation_that_would_overflow_the_token_budget_is_refused() -> None:
     assert result.records[0].status == "ok"  # the search ran; its result was not added
 
 
+def test_finish_can_retract_an_observation_the_rollout_did_not_insert() -> None:
+    env = make_env()
+    env.step(call("Paris"))
+    env.step(call("Paris Danube"))  # shows d1 (seen before) and d4 (new)
+    shown_before = set(env.retrieved)
+    env.finish("token_budget", observation_shown=False)
+    assert len(env.observations) == 1 and "d4" not in env.retrieved
+    assert set(env.retrieved) == shown_before - {"d4"} and env.termination == "token_budget"
+    kept = make_env()
+    kept.step(call("Paris"))
+    kept.step("I ran out of tokens mid-sentence")  # a later turn means the observation was seen
+    kept.finish("token_budget", observation_shown=False)
+    assert "d1" in kept.retrieved
+
+
+def test_max_turns_keeps_the_status_of_rejected_calls() -> None:
+    env = make_env(max_turns=1)
+    result = env.step(call("Paris") + format_tool_call("nope", {}) + "<tool_call>{bad</tool_call>")
+    assert result.termination == "max_turns"
+    assert [r.status for r in result.records] == ["over_budget", "unknown_tool", "malformed"]
+
+
 def test_finish_from_outside_and_bad_reasons() -> None:
     env = make_env()
     env.finish("token_budget")

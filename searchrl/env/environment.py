@@ -292,12 +292,26 @@ class SearchEnvironment:
         """One finished policy turn (decoded sampled text, without EOS) in; what happens next out."""
         return step_batch([self], [text])[0]
 
-    def finish(self, reason: str) -> None:
-        """End the episode from outside (e.g. the rollout hit its exact token budget)."""
+    def finish(self, reason: str, observation_shown: bool = True) -> None:
+        """End the episode from outside (e.g. the rollout hit its exact token budget).
+
+        Pass `observation_shown=False` when the rollout did NOT insert the observation of the last step
+        (it would not fit): that observation and the documents first shown in it are then removed from
+        `observations`/`retrieved`, so citation rewards only credit what the policy actually saw."""
         if reason not in TERMINATION_REASONS:
             raise ValueError(f"finish({reason!r}): reason must be one of {list(TERMINATION_REASONS)}")
+        if not observation_shown:
+            self._retract_last_observation()
         if not self.done:
             self.done, self.termination = True, reason
+
+    def _retract_last_observation(self) -> None:
+        count, new_docs = self._last_observation
+        if count:
+            del self.observations[-count:]
+        for doc_id in new_docs:
+            self.retrieved.pop(doc_id, None)
+        self._last_observation = (0, [])
 
     def call_tool(self, name: str, arguments: dict[str, Any]) -> tuple[ToolCallRecord, str]:
         """Run one call outside a parsed turn (TRL's tool loop): the same validation, allow-list, budget,
@@ -351,6 +365,7 @@ class SearchEnvironment:
         self.searches_sent = 0
         self.injection_attempts = 0
         self._over_budget_warned = False
+        self._last_observation: tuple[int, list[str]] = (0, [])  # (observations added, new doc ids)
 
     def _estimate_glue(self) -> tuple[int, int]:
         """Template tokens around tool results (chat): per tool message and per observation turn."""
@@ -376,6 +391,7 @@ class SearchEnvironment:
         turn = parse_turn(text, cfg.protocol, self.registry, cfg.limits)
         self.turns.append(turn)
         self.final_text = text
+        self._last_observation = (0, [])  # the policy wrote a new turn, so it saw the last observation
         self.tokens_used += self.counter.count(text) + (1 if self.tokenizer is not None else 0)  # + EOS/stop
         plan = _Plan(env=self, turn=turn)
         turn_index = len(self.turns) - 1
@@ -407,11 +423,20 @@ class SearchEnvironment:
         return StepResult(done=True, termination=reason, **kwargs)
 
     def _end_unexecuted(self, turn: Turn, turn_index: int, reason: str, why: str) -> StepResult:
+        # Calls the registry rejected keep their own status; valid ones were stopped by the limit.
         records = [
             ToolCallRecord(
-                name=c.name, arguments=c.arguments, status="over_budget", error=why, turn_index=turn_index
+                name=c.name,
+                arguments=c.arguments,
+                status="over_budget" if c.ok else str(c.status),
+                error=why if c.ok else c.error,
+                turn_index=turn_index,
             )
             for c in turn.tool_calls
+        ]
+        records += [
+            ToolCallRecord(name="", arguments={}, status="malformed", error=m, turn_index=turn_index)
+            for m in turn.malformed
         ]
         self.records.extend(records)
         return self._end(reason, records=records, error=why)
@@ -506,9 +531,12 @@ class SearchEnvironment:
         self.tokens_used += cost
         self.observations.extend(contents)
         injections = 0
+        new_docs: list[str] = []
         for slot in plan.slots:
+            new_docs += [d for d in slot.shown if d not in self.retrieved and d not in new_docs]
             self.retrieved.update(slot.shown)
             injections += slot.injections
+        self._last_observation = (len(contents), new_docs)
         self.injection_attempts += injections
         result = StepResult(done=False, records=records, error=error, injection_attempts=injections)
         if cfg.protocol == "chat":
