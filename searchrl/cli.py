@@ -22,6 +22,7 @@ app = typer.Typer(
 COMMAND_MODULES: list[str] = [
     "searchrl.search.commands",
     "searchrl.data.commands",
+    "searchrl.evaluation.commands",
 ]
 
 

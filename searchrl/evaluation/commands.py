@@ -1,0 +1,215 @@
+"""CLI of the evaluation room: `searchrl eval`, `searchrl audit` and `searchrl report`.
+
+Each command prints a rich table for people and writes JSON (or HTML) into the run directory for
+machines and for the report, so what a person saw and what a script reads are the same numbers.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+VERDICT_STYLE = {"pass": "green", "warn": "yellow", "fail": "bold red", "skipped": "dim"}
+
+_TABLE_METRICS = (
+    "exact_match",
+    "f1",
+    "citation_support",
+    "format_valid",
+    "searches_per_question",
+    "tool_failure_rate",
+    "action_tokens_per_question",
+    "tokens_per_question",
+    "reward",
+)
+
+
+def _eval_table(summary: dict[str, Any], title: str) -> Any:
+    from rich.table import Table
+
+    hops = sorted(summary.get("by_hops", {}))
+    table = Table(title=title)
+    table.add_column("metric")
+    table.add_column(f"all (n={summary['n']})", justify="right")
+    table.add_column("95% CI", justify="right")
+    for h in hops:
+        table.add_column(f"{h}-hop (n={summary['by_hops'][h]['n']})", justify="right")
+    ci = summary.get("ci95", {})
+    for name in _TABLE_METRICS:
+        if name not in summary:
+            continue
+        lo, hi = ci.get(name, [float("nan"), float("nan")])
+        cells = [f"{summary['by_hops'][h].get(name, float('nan')):.3f}" for h in hops]
+        table.add_row(name, f"{summary[name]:.3f}", f"[{lo:.3f}, {hi:.3f}]", *cells)
+    timing = summary.get("timing", {})
+    if "latency_s_per_question" in timing:
+        lo, hi = timing.get("latency_s_per_question_ci", [0.0, 0.0])
+        cells = [
+            f"{timing['by_hops'][h]['latency_s_per_question']:.3f}"
+            for h in hops
+            if h in timing.get("by_hops", {})
+        ]
+        table.add_row(
+            "latency_s_per_question",
+            f"{timing['latency_s_per_question']:.3f}",
+            f"[{lo:.3f}, {hi:.3f}]",
+            *cells,
+        )
+    for reason, share in summary.get("termination", {}).items():
+        if share:
+            lo, hi = ci.get(f"termination/{reason}", [share, share])
+            cells = [f"{summary['by_hops'][h]['termination'].get(reason, 0.0):.3f}" for h in hops]
+            table.add_row(f"termination/{reason}", f"{share:.3f}", f"[{lo:.3f}, {hi:.3f}]", *cells)
+    return table
+
+
+def eval_command(
+    run: Annotated[
+        Path | None,
+        typer.Option("--run", help="Run directory (config.yaml, checkpoints/); optional with --model."),
+    ] = None,
+    split: Annotated[
+        str, typer.Option("--split", help="Split to evaluate: <data dir>/<split>.jsonl (test, dev...).")
+    ] = "test",
+    checkpoint: Annotated[
+        str, typer.Option("--checkpoint", help="Checkpoint of the run: 'latest', 'step-N' or N.")
+    ] = "latest",
+    model: Annotated[
+        Path | None,
+        typer.Option("--model", help="A plain model folder (policy + tokenizer) instead of a checkpoint."),
+    ] = None,
+    data: Annotated[
+        Path | None,
+        typer.Option("--data", help="Folder of train/dev/test.jsonl (default: the run config's)."),
+    ] = None,
+    index: Annotated[
+        Path | None,
+        typer.Option("--index", help="Search index folder (default: the run config's index_dir)."),
+    ] = None,
+    out: Annotated[
+        Path | None, typer.Option("--out", help="JSON output (default RUN/eval/<split>-<checkpoint>.json).")
+    ] = None,
+    batch_size: Annotated[int, typer.Option("--batch-size", help="Questions decoded together.", min=1)] = 16,
+    limit: Annotated[
+        int | None, typer.Option("--limit", help="Evaluate only the first N questions.", min=1)
+    ] = None,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of rollouts and of the bootstrap.")] = 0,
+    bootstrap: Annotated[
+        int, typer.Option("--bootstrap", help="Bootstrap resamples for the 95% CIs.", min=1)
+    ] = 1000,
+) -> None:
+    """Evaluate a checkpoint (greedy decoding, the training prompt, retriever and budgets) on a held-out split."""
+    from rich.console import Console
+
+    from searchrl.evaluation.evaluate import evaluate_run
+
+    if run is None and model is None:
+        raise typer.BadParameter("give --run DIR (a training run) or --model PATH (a plain model folder)")
+    try:
+        result, path = evaluate_run(
+            run,
+            split,
+            checkpoint,
+            model,
+            data,
+            index,
+            out,
+            batch_size=batch_size,
+            limit=limit,
+            seed=seed,
+            n_resamples=bootstrap,
+        )
+    except (FileNotFoundError, ValueError) as e:
+        raise typer.BadParameter(str(e)) from None
+    console = Console()
+    console.print(_eval_table(result.summary, f"{split} split · {path.stem}"))
+    console.print(f"wrote {path}")
+
+
+def _audit_table(report: Any) -> Any:
+    from rich.table import Table
+
+    table = Table(
+        title=f"reward-hacking audit · verdict: {report.verdict} · {report.num_trajectories} trajectories"
+    )
+    for col in ("check", "verdict", "value", "threshold", "flagged", "evidence"):
+        table.add_column(col, justify="right" if col in ("value", "flagged") else "left")
+    for c in report.checks:
+        style = VERDICT_STYLE.get(c.verdict, "")
+        value = "" if c.value is None else f"{c.value:.3f}"
+        evidence = ", ".join(c.evidence[:4]) + (" ..." if len(c.evidence) > 4 else "")
+        table.add_row(
+            c.name,
+            f"[{style}]{c.verdict}[/]",
+            value,
+            c.threshold,
+            f"{c.num_flagged}/{c.num_checked}",
+            evidence,
+        )
+    return table
+
+
+def audit_command(
+    run: Annotated[
+        Path, typer.Option("--run", help="Run directory to audit (trajectories/, metrics.jsonl, eval/).")
+    ],
+    json_out: Annotated[
+        Path | None, typer.Option("--json", help="Where to write the audit JSON (default RUN/audit.json).")
+    ] = None,
+    last_steps: Annotated[
+        int,
+        typer.Option("--last-steps", help="Audit the trajectories of the last N steps; 0 audits all.", min=0),
+    ] = 10,
+    strict: Annotated[
+        bool,
+        typer.Option("--strict", help="Exit 1 when any check fails (default: always 0, it is a report)."),
+    ] = False,
+) -> None:
+    """Check a run for reward hacking: each check with its threshold, verdict and evidence (trajectory ids)."""
+    from rich.console import Console
+
+    from searchrl.common.io import atomic_write_json
+    from searchrl.evaluation.audit import audit_run
+
+    try:
+        report = audit_run(run, last_steps=last_steps or None)
+    except FileNotFoundError as e:
+        raise typer.BadParameter(str(e)) from None
+    path = json_out or run / "audit.json"
+    atomic_write_json(path, report.to_dict())
+    console = Console()
+    console.print(_audit_table(report))
+    console.print(f"wrote {path}")
+    if strict and report.verdict == "fail":
+        raise typer.Exit(code=1)
+
+
+def report_command(
+    run: Annotated[Path, typer.Option("--run", help="Run directory to report on.")],
+    out: Annotated[Path | None, typer.Option("--out", help="HTML output (default RUN/report.html).")] = None,
+    summary: Annotated[
+        Path | None,
+        typer.Option("--summary", help="A summary JSON to show (default RUN/summary.json if present)."),
+    ] = None,
+    trajectories: Annotated[
+        int, typer.Option("--trajectories", help="Full trajectories to render.", min=0)
+    ] = 3,
+) -> None:
+    """Write one self-contained report.html: curves, eval tables, audit verdicts, rendered trajectories."""
+    from searchrl.evaluation.report import write_report
+
+    data = json.loads(summary.read_text(encoding="utf-8")) if summary is not None else None
+    try:
+        path = write_report(run, out, summary=data, num_trajectories=trajectories)
+    except FileNotFoundError as e:
+        raise typer.BadParameter(str(e)) from None
+    typer.echo(f"wrote {path}")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("eval")(eval_command)
+    app.command("audit")(audit_command)
+    app.command("report")(report_command)

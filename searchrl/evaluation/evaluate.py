@@ -1,0 +1,551 @@
+"""Offline evaluation of a search agent: greedy rollouts on held-out questions, metrics with bootstrap CIs.
+
+What: `evaluate_policy` runs the policy through the real rollout engine (`HFGenerator`) against real
+`SearchEnvironment`s, greedily (temperature 0, so a checkpoint always gives the same answers), and
+`summarise` turns the trajectories into exact match, F1, citation support, format validity, searches per
+question, tool failure rate, termination shares, tokens and latency per question, overall and broken down
+by hop count, each with a seeded 95% percentile-bootstrap confidence interval.
+
+Why it is one function used everywhere: training-time validation and offline evaluation must use the
+same prompt, retriever, decoding and answer extraction, or a "gain" can be a change of protocol. The
+answer is the one the environment extracted (`traj.answer`, via `env.protocol.parse_turn`), scored with
+`rewards.qa`; citation support and format validity are the rewards' own definitions.
+
+Timing (latency, wall seconds) is the only part of a result that is not deterministic; it lives under
+the `timing` key so the rest of the JSON can be compared byte for byte.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from searchrl.rewards.citation import citation_status
+from searchrl.rewards.qa import exact_match, f1_score
+from searchrl.rewards.shaping import is_well_formed
+from searchrl.rollout.generator import GenerationConfig, HFGenerator
+from searchrl.rollout.trajectory import TERMINATION_REASONS, Trajectory
+
+# Metrics that are a mean over questions (one value per trajectory).
+PER_QUESTION_METRICS = (
+    "exact_match",
+    "f1",
+    "citation_support",
+    "format_valid",
+    "searches_per_question",
+    "action_tokens_per_question",
+    "tokens_per_question",
+    "turns_per_question",
+)
+# A ratio of sums (failed calls / all calls): bootstrapped over questions, not over calls.
+RATIO_METRICS = ("tool_failure_rate",)
+TIMING_METRICS = ("latency_s_per_question", "search_latency_ms_per_question")
+
+DEFAULT_BOOTSTRAP = 1000
+DEFAULT_CONFIDENCE = 0.95
+
+GeneratorFactory = Callable[[Any, Any, GenerationConfig], Any]
+
+
+@dataclass
+class EvalResult:
+    """The trajectories of one evaluation and their summary (see `summarise` for its keys)."""
+
+    trajectories: list[Trajectory]
+    summary: dict[str, Any]
+    generation_config: dict[str, Any] = field(default_factory=dict)
+
+    def metrics(self, prefix: str = "eval/") -> dict[str, float]:
+        """Flat `{prefix + name: mean}` of the headline metrics, for a training log line."""
+        return flat_metrics(self.summary, prefix)
+
+
+# -- per-trajectory values ------------------------------------------------------------------------
+
+
+def trajectory_values(traj: Trajectory) -> dict[str, float]:
+    """Every per-question metric of one trajectory (the unit the bootstrap resamples)."""
+    answer = traj.answer or ""
+    golds = traj.golds or [""]
+    failures = sum(1 for c in traj.tool_calls if c.status != "ok")
+    return {
+        "exact_match": exact_match(answer, golds) if traj.answer is not None else 0.0,
+        "f1": f1_score(answer, golds) if traj.answer is not None else 0.0,
+        "citation_support": float(traj.answer is not None and citation_status(traj) == "supported"),
+        "format_valid": float(traj.termination == "answered" and is_well_formed(traj.final_text)),
+        "searches_per_question": float(len(traj.tool_calls)),
+        "action_tokens_per_question": float(traj.num_action_tokens),
+        "tokens_per_question": float(len(traj.input_ids)),
+        "turns_per_question": float(traj.num_turns),
+        "tool_calls": float(len(traj.tool_calls)),
+        "tool_failures": float(failures),
+        "latency_s_per_question": float(traj.metadata.get("latency_s", 0.0)),
+        "search_latency_ms_per_question": float(sum(c.latency_ms for c in traj.tool_calls)),
+    }
+
+
+# -- bootstrap ------------------------------------------------------------------------------------
+
+
+def _resample_indices(n: int, n_resamples: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, n, size=(n_resamples, n))
+
+
+def bootstrap_ci(
+    values: Sequence[float],
+    n_resamples: int = DEFAULT_BOOTSTRAP,
+    seed: int = 0,
+    confidence: float = DEFAULT_CONFIDENCE,
+) -> tuple[float, float]:
+    """Percentile-bootstrap confidence interval of the mean of `values` (seeded: same input, same CI)."""
+    _check_bootstrap_args(n_resamples, confidence)
+    x = np.asarray(values, dtype=np.float64)
+    if x.size == 0:
+        raise ValueError("bootstrap_ci: no values; an interval needs at least one observation")
+    means = x[_resample_indices(x.size, n_resamples, seed)].mean(axis=1)
+    return _percentile_interval(means, confidence)
+
+
+def bootstrap_ratio_ci(
+    numerators: Sequence[float],
+    denominators: Sequence[float],
+    n_resamples: int = DEFAULT_BOOTSTRAP,
+    seed: int = 0,
+    confidence: float = DEFAULT_CONFIDENCE,
+) -> tuple[float, float]:
+    """CI of `sum(num) / sum(den)` resampling whole questions (a resample with no calls counts as 0)."""
+    _check_bootstrap_args(n_resamples, confidence)
+    num = np.asarray(numerators, dtype=np.float64)
+    den = np.asarray(denominators, dtype=np.float64)
+    if num.shape != den.shape or num.size == 0:
+        raise ValueError(
+            f"bootstrap_ratio_ci: numerators ({num.size}) and denominators ({den.size}) must be equally long "
+            "and non-empty"
+        )
+    idx = _resample_indices(num.size, n_resamples, seed)
+    n_sum, d_sum = num[idx].sum(axis=1), den[idx].sum(axis=1)
+    ratios = np.divide(n_sum, d_sum, out=np.zeros_like(n_sum), where=d_sum > 0)
+    return _percentile_interval(ratios, confidence)
+
+
+def _percentile_interval(stats: np.ndarray, confidence: float) -> tuple[float, float]:
+    tail = (1.0 - confidence) / 2.0 * 100.0
+    low, high = np.percentile(stats, [tail, 100.0 - tail])
+    return float(low), float(high)
+
+
+def _check_bootstrap_args(n_resamples: int, confidence: float) -> None:
+    if not isinstance(n_resamples, int) or n_resamples < 1:
+        raise ValueError(f"n_resamples={n_resamples!r} must be an integer >= 1 (1000 is typical)")
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence={confidence!r} must be in (0, 1), e.g. 0.95")
+
+
+# -- summaries ------------------------------------------------------------------------------------
+
+
+def _ratio(num: float, den: float) -> float:
+    return num / den if den > 0 else 0.0
+
+
+def _summarise_group(
+    values: list[dict[str, float]], terminations: list[str], n_resamples: int, seed: int, confidence: float
+) -> dict[str, Any]:
+    out: dict[str, Any] = {"n": len(values)}
+    ci: dict[str, list[float]] = {}
+    for name in PER_QUESTION_METRICS:
+        column = [v[name] for v in values]
+        out[name] = float(np.mean(column))
+        ci[name] = list(bootstrap_ci(column, n_resamples, seed, confidence))
+    calls = [v["tool_calls"] for v in values]
+    fails = [v["tool_failures"] for v in values]
+    out["tool_failure_rate"] = _ratio(sum(fails), sum(calls))
+    ci["tool_failure_rate"] = list(bootstrap_ratio_ci(fails, calls, n_resamples, seed, confidence))
+    shares: dict[str, float] = {}
+    for reason in TERMINATION_REASONS:
+        column = [float(t == reason) for t in terminations]
+        shares[reason] = float(np.mean(column))
+        ci[f"termination/{reason}"] = list(bootstrap_ci(column, n_resamples, seed, confidence))
+    out["termination"] = shares
+    out["ci95" if abs(confidence - 0.95) < 1e-12 else f"ci{confidence:g}"] = ci
+    return out
+
+
+def _timing_group(values: list[dict[str, float]], n_resamples: int, seed: int, confidence: float) -> dict:
+    out: dict[str, Any] = {}
+    for name in TIMING_METRICS:
+        column = [v[name] for v in values]
+        out[name] = float(np.mean(column))
+        out[f"{name}_ci"] = list(bootstrap_ci(column, n_resamples, seed, confidence))
+    return out
+
+
+def _hops_key(traj: Trajectory) -> str:
+    hops = traj.metadata.get("hops")
+    return "unknown" if hops is None else str(hops)
+
+
+def summarise(
+    trajectories: Sequence[Trajectory],
+    n_resamples: int = DEFAULT_BOOTSTRAP,
+    seed: int = 0,
+    confidence: float = DEFAULT_CONFIDENCE,
+) -> dict[str, Any]:
+    """Metrics of a set of evaluation trajectories, overall and by hop count, each with a bootstrap CI.
+
+    Keys: `n`, one float per metric in `PER_QUESTION_METRICS` and `RATIO_METRICS`, `termination`
+    (share per reason), `ci95` (`{metric: [low, high]}`, termination shares as `termination/<reason>`),
+    `by_hops` (`{"1": {...same keys...}, "2": ...}`, from `traj.metadata["hops"]`) and `timing`
+    (latency per question; the only non-deterministic part). If `reward` is set on the trajectories,
+    `reward` (the training rubric's mean score) is added too.
+    """
+    trajs = list(trajectories)
+    if not trajs:
+        raise ValueError("summarise: no trajectories; evaluate at least one question")
+    values = [trajectory_values(t) for t in trajs]
+    terms = [t.termination for t in trajs]
+    out = _summarise_group(values, terms, n_resamples, seed, confidence)
+    rewards = [t.reward for t in trajs if t.reward is not None]
+    if len(rewards) == len(trajs):
+        out["reward"] = float(np.mean(rewards))
+        out[_ci_key(confidence)]["reward"] = list(bootstrap_ci(rewards, n_resamples, seed, confidence))
+    groups: dict[str, list[int]] = {}
+    for i, t in enumerate(trajs):
+        groups.setdefault(_hops_key(t), []).append(i)
+    out["by_hops"] = {
+        key: _summarise_group(
+            [values[i] for i in idx], [terms[i] for i in idx], n_resamples, seed, confidence
+        )
+        for key, idx in sorted(groups.items())
+    }
+    out["timing"] = _timing_group(values, n_resamples, seed, confidence)
+    out["timing"]["by_hops"] = {
+        key: _timing_group([values[i] for i in idx], n_resamples, seed, confidence)
+        for key, idx in sorted(groups.items())
+    }
+    out["bootstrap"] = {"resamples": n_resamples, "seed": seed, "confidence": confidence}
+    return out
+
+
+def _ci_key(confidence: float) -> str:
+    return "ci95" if abs(confidence - 0.95) < 1e-12 else f"ci{confidence:g}"
+
+
+def flat_metrics(summary: dict[str, Any], prefix: str = "eval/") -> dict[str, float]:
+    """The headline numbers of a summary as a flat dict (`eval/exact_match`, `eval/f1`, ...)."""
+    names = (*PER_QUESTION_METRICS, *RATIO_METRICS, "reward")
+    out = {f"{prefix}{n}": float(summary[n]) for n in names if n in summary}
+    for reason, share in summary.get("termination", {}).items():
+        out[f"{prefix}termination/{reason}"] = float(share)
+    for hops, group in summary.get("by_hops", {}).items():
+        out[f"{prefix}hops{hops}/exact_match"] = float(group["exact_match"])
+    return out
+
+
+# -- running an evaluation --------------------------------------------------------------------------
+
+
+def greedy(config: GenerationConfig | None) -> GenerationConfig:
+    """A copy of `config` that decodes greedily (temperature 0); limits and seed are kept."""
+    base = config if config is not None else GenerationConfig()
+    return dataclasses.replace(base, temperature=0.0)
+
+
+def _default_generator(model: Any, tokenizer: Any, config: GenerationConfig) -> HFGenerator:
+    return HFGenerator(model, tokenizer, config)
+
+
+def evaluate_policy(
+    policy: Any,
+    tokenizer: Any,
+    rows: Sequence[dict[str, Any]],
+    env_factory: Callable[[], Any],
+    generation_config: GenerationConfig | None = None,
+    rubric: Any = None,
+    batch_size: int = 16,
+    seed: int = 0,
+    n_resamples: int = DEFAULT_BOOTSTRAP,
+    generator_factory: GeneratorFactory | None = None,
+    decode_greedy: bool = True,
+) -> EvalResult:
+    """Roll the policy out on `rows` (greedy by default) and summarise the trajectories.
+
+    `env_factory()` returns a fresh environment per question (the training one: same prompt, retriever,
+    budgets). `generation_config` gives the limits (max tokens per turn and per episode); its
+    temperature is replaced by 0 unless `decode_greedy=False`. `rubric` (a `rewards.combine.Rubric`)
+    scores each trajectory so the summary also holds the training reward. Each trajectory's metadata
+    gets the row's `hops`, the question's amortised latency (`latency_s`: batch wall time / batch size,
+    since questions of a batch decode together) and the batch index. `generator_factory(model,
+    tokenizer, config)` swaps the rollout engine (tests force scripted turns through it).
+    """
+    rows = [dict(r) for r in rows]
+    if not rows:
+        raise ValueError("evaluate_policy: no rows to evaluate; pass at least one question")
+    if batch_size < 1:
+        raise ValueError(f"evaluate_policy: batch_size={batch_size} must be >= 1")
+    config = greedy(generation_config) if decode_greedy else dataclasses.replace(generation_config)
+    make_generator = generator_factory or _default_generator
+    trajectories: list[Trajectory] = []
+    for start in range(0, len(rows), batch_size):
+        chunk = rows[start : start + batch_size]
+        trajectories.extend(
+            _evaluate_chunk(policy, tokenizer, chunk, env_factory, config, make_generator, seed)
+        )
+    if rubric is not None:
+        for traj in trajectories:
+            rubric.score(traj)
+    summary = summarise(trajectories, n_resamples=n_resamples, seed=seed)
+    return EvalResult(trajectories, summary, dataclasses.asdict(config))
+
+
+def _evaluate_chunk(
+    policy: Any,
+    tokenizer: Any,
+    rows: list[dict[str, Any]],
+    env_factory: Callable[[], Any],
+    config: GenerationConfig,
+    make_generator: GeneratorFactory,
+    seed: int,
+) -> list[Trajectory]:
+    # Each chunk gets its own generator seeded by `seed`, so a question's result does not depend on
+    # which chunk came before it (greedy decoding ignores the seed anyway; sampling does not).
+    generator = make_generator(policy, tokenizer, dataclasses.replace(config, seed=seed))
+    envs = [env_factory() for _ in rows]
+    started = time.perf_counter()
+    batch = generator.rollout(envs, rows)
+    per_question = (time.perf_counter() - started) / len(rows)
+    trajs = list(batch.trajectories)
+    for traj, row in zip(trajs, rows, strict=True):
+        traj.metadata["hops"] = row.get("hops")
+        traj.metadata["latency_s"] = per_question
+        traj.metadata["eval"] = True
+    return trajs
+
+
+# -- run directories: which model, which data, which index ---------------------------------------------
+
+
+@dataclass
+class EvalTarget:
+    """Everything `evaluate_run` resolved: the model folder, its name in file names, rows and search."""
+
+    model_dir: Path
+    checkpoint: str
+    rows_path: Path
+    index_dir: Path | None
+    output: Path
+
+
+def load_run_config(run_dir: str | Path) -> Any:
+    """The run's `config.yaml` as a `PPOConfig` (the training settings evaluation must reuse)."""
+    from searchrl.common.config import load_config
+    from searchrl.ppo.config import PPOConfig
+
+    path = Path(run_dir) / "config.yaml"
+    if not path.exists():
+        raise FileNotFoundError(
+            f"{path}: no config.yaml, so {run_dir} is not a run directory written by `searchrl train`; "
+            "pass --model, --data and --index to evaluate a plain model folder"
+        )
+    return load_config(PPOConfig, path)
+
+
+def resolve_checkpoint(run_dir: str | Path, checkpoint: str = "latest") -> tuple[Path, str]:
+    """(policy folder, checkpoint name) for `latest`, `step-N` or `N` in `RUN/checkpoints/`."""
+    from searchrl.common.run import RunDir
+
+    run = RunDir(run_dir)
+    if checkpoint == "latest":
+        found = run.latest_checkpoint()
+        if found is None:
+            raise FileNotFoundError(
+                f"{run.checkpoints}: no complete checkpoint (a step-N folder with trainer_state.json); "
+                "train first, or pass --model PATH"
+            )
+        return found / "policy", found.name
+    name = checkpoint if checkpoint.startswith("step-") else f"step-{checkpoint}"
+    folder = run.checkpoints / name
+    if not (folder / "policy").is_dir():
+        available = sorted(p.name for p in run.checkpoints.glob("step-*"))
+        raise FileNotFoundError(
+            f"{folder}/policy not found; checkpoints here: {available or 'none'} (use step-N or latest)"
+        )
+    return folder / "policy", name
+
+
+def split_file(config: Any, split: str, data_dir: str | Path | None) -> Path:
+    """`<data dir>/<split>.jsonl`; the data dir is `data_dir` or the folder of the run's train/dev file."""
+    if data_dir is not None:
+        return Path(data_dir) / f"{split}.jsonl"
+    if config is not None:
+        known = {"train": config.train_file, "dev": config.dev_file}
+        if known.get(split):
+            return Path(known[split])
+        for anchor in (config.dev_file, config.train_file):
+            if anchor:
+                return Path(anchor).parent / f"{split}.jsonl"
+    raise FileNotFoundError(
+        f"cannot tell where the {split!r} split lives: the run config names no train_file/dev_file; "
+        "pass --data DIR (the folder of train/dev/test.jsonl)"
+    )
+
+
+def env_config_from_ppo(config: Any) -> Any:
+    """The `EnvConfig` a `PPOConfig` implies (budgets, top-k, deadline): training's environment."""
+    from searchrl.env.environment import EnvConfig
+
+    return EnvConfig(
+        max_turns=config.max_turns,
+        max_tool_calls=max(1, config.max_tool_calls),
+        max_total_tokens=config.max_episode_tokens,
+        max_observation_tokens=config.max_observation_tokens,
+        topk=config.topk,
+        tool_timeout_s=config.search_timeout_s,
+    )
+
+
+def generation_config_from_ppo(config: Any) -> GenerationConfig:
+    """The rollout limits of a `PPOConfig` as a `GenerationConfig` (temperature set by the caller)."""
+    return GenerationConfig(
+        temperature=config.temperature,
+        top_p=config.top_p,
+        top_k=config.top_k,
+        max_new_tokens_per_turn=config.max_new_tokens_per_turn,
+        max_episode_tokens=config.max_episode_tokens,
+        seed=config.seed,
+    )
+
+
+def run_env_config(run_dir: str | Path | None, config: Any) -> Any:
+    """`RUN/env.yaml` (an `EnvConfig`) when the run recorded one, else what its `PPOConfig` implies."""
+    from searchrl.common.config import load_config
+    from searchrl.env.environment import EnvConfig
+
+    if run_dir is not None and (Path(run_dir) / "env.yaml").exists():
+        return load_config(EnvConfig, Path(run_dir) / "env.yaml")
+    if config is None:
+        return EnvConfig()
+    return env_config_from_ppo(config)
+
+
+def open_search(config: Any, index_dir: str | Path | None) -> Any:
+    """The backend of a run (its index dir or search URL), or of `index_dir` when given."""
+    from searchrl.search.index import load_index
+
+    if index_dir is not None:
+        return load_index(index_dir)
+    if config is not None and config.search_backend == "http":
+        from searchrl.search.client import HTTPBackend
+
+        return HTTPBackend(config.search_url, read_timeout=config.search_timeout_s)
+    if config is not None and config.index_dir:
+        return load_index(config.index_dir)
+    raise FileNotFoundError(
+        "no search index: the run config names no index_dir and --index was not given; build one with "
+        "`searchrl index --corpus FILE --out DIR` and pass --index DIR"
+    )
+
+
+def evaluate_run(
+    run_dir: str | Path | None,
+    split: str = "test",
+    checkpoint: str = "latest",
+    model: str | Path | None = None,
+    data_dir: str | Path | None = None,
+    index_dir: str | Path | None = None,
+    output: str | Path | None = None,
+    batch_size: int = 16,
+    limit: int | None = None,
+    seed: int = 0,
+    n_resamples: int = DEFAULT_BOOTSTRAP,
+) -> tuple[EvalResult, Path]:
+    """Evaluate a run's checkpoint (or a plain model folder) on a split; write JSON and trajectories.
+
+    The JSON goes to `RUN/eval/<split>-<checkpoint>.json` (or `output`), the trajectories beside it as
+    `<same name>.trajectories.jsonl.gz`. Data, index, budgets and rubric come from the run's config
+    unless overridden. Returns the result and the JSON path.
+    """
+    from searchrl.common.io import atomic_write_json
+    from searchrl.data.datasets import load_qa
+    from searchrl.env.environment import SearchEnvironment
+    from searchrl.models.tiny import load_policy, load_tokenizer
+    from searchrl.rollout.trajectory import write_trajectories
+
+    config = load_run_config(run_dir) if run_dir is not None else None
+    if model is not None:
+        model_dir, name = Path(model), Path(model).name
+    elif run_dir is not None:
+        model_dir, name = resolve_checkpoint(run_dir, checkpoint)
+    else:
+        raise ValueError("give a run directory (--run) or a model folder (--model)")
+    if not model_dir.is_dir():
+        raise FileNotFoundError(f"{model_dir}: model folder not found")
+    rows = load_qa(split_file(config, split, data_dir), limit=limit)
+    backend = open_search(config, index_dir)
+    tok_dir = model_dir if (model_dir / "tokenizer_config.json").exists() else None
+    if tok_dir is None and config is not None and config.tokenizer_path:
+        tok_dir = Path(config.tokenizer_path)
+    if tok_dir is None:
+        raise FileNotFoundError(
+            f"{model_dir}: no tokenizer files here and the run config names no tokenizer_path"
+        )
+    tokenizer = load_tokenizer(tok_dir)
+    policy = load_policy(model_dir)
+    env_cfg = run_env_config(run_dir, config)
+    gen_cfg = (
+        generation_config_from_ppo(config)
+        if config is not None
+        else GenerationConfig(max_new_tokens_per_turn=64, max_episode_tokens=env_cfg.max_total_tokens)
+    )
+    result = evaluate_policy(
+        policy,
+        tokenizer,
+        rows,
+        lambda: SearchEnvironment(backend, env_cfg, tokenizer=tokenizer),
+        gen_cfg,
+        rubric=_run_rubric(config),
+        batch_size=batch_size,
+        seed=seed,
+        n_resamples=n_resamples,
+    )
+    if output is None:
+        base = Path(run_dir) / "eval" if run_dir is not None else model_dir.parent / "eval"
+        output = base / f"{split}-{name}.json"
+    output = Path(output)
+    step = int(name.split("-")[1]) if name.startswith("step-") and name.split("-")[1].isdigit() else None
+    payload = {
+        "split": split,
+        "checkpoint": name,
+        "step": step,
+        "model": str(model_dir),
+        "num_questions": len(rows),
+        "generation_config": result.generation_config,
+        "env_config": dataclasses.asdict(env_cfg),
+        **result.summary,
+    }
+    atomic_write_json(output, payload)
+    write_trajectories(
+        output.with_name(output.name[: -len(".json")] + ".trajectories.jsonl.gz"), result.trajectories
+    )
+    return result, output
+
+
+def trajectories_path(json_path: str | Path) -> Path:
+    """Where the trajectories of an eval JSON live: `<name>.trajectories.jsonl.gz` beside it."""
+    path = Path(json_path)
+    stem = path.name[: -len(".json")] if path.name.endswith(".json") else path.name
+    return path.with_name(stem + ".trajectories.jsonl.gz")
+
+
+def _run_rubric(config: Any) -> Any:
+    from searchrl.rewards.combine import default_rubric, load_rubric
+
+    if config is not None and config.reward_config_path:
+        return load_rubric(config.reward_config_path)
+    return default_rubric()

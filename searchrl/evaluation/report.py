@@ -1,0 +1,450 @@
+"""`report.html`: one self-contained page a person reads to judge a run.
+
+What: plots over steps (reward and its components, held-out exact match, KL and the KL coefficient,
+entropy, searches per episode, answer length) as inline base64 PNGs from matplotlib; the summary
+tables (a demo's summary, every eval JSON with its confidence intervals, the audit's verdicts); and a
+few full trajectories rendered span by span, action tokens (what the policy sampled, which PPO trains
+on) coloured differently from observation tokens (what search returned, masked out of the loss).
+
+Why self-contained: a report is mailed, attached to an issue or opened from a cluster's scratch disk;
+inline CSS and images mean nothing has to be fetched and nothing breaks when the run folder moves.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from searchrl.common.io import atomic_write_text
+from searchrl.evaluation.audit import AuditReport, audit_run, read_metrics
+from searchrl.rollout.trajectory import Trajectory, read_trajectories
+
+# Plots: (title, y label, [(metric key, legend label)]). Missing keys are skipped; a plot with no data is
+# left out rather than drawn empty.
+PLOTS: tuple[tuple[str, str, tuple[tuple[str, str], ...]], ...] = (
+    ("Training reward", "score", (("objective/scores", "total score"),)),
+    ("Held-out exact match", "exact match", (("eval/exact_match", "dev EM"), ("eval/f1", "dev F1"))),
+    ("Entropy per action token", "nats", (("objective/entropy_per_token", "entropy / token"),)),
+    ("Searches per episode", "tool calls", (("tools/calls_per_episode", "calls / episode"),)),
+    ("Answer length", "words", (("answer/length_words", "answer words"),)),
+)
+
+CSS = """
+body { font-family: -apple-system, Segoe UI, Helvetica, Arial, sans-serif; margin: 2em auto; max-width: 1100px;
+       color: #222; line-height: 1.4; }
+h1 { font-size: 1.6em; } h2 { border-bottom: 1px solid #ddd; padding-bottom: .2em; margin-top: 2em; }
+table { border-collapse: collapse; margin: .5em 0 1.5em; font-size: .9em; }
+th, td { border: 1px solid #ddd; padding: .25em .6em; text-align: right; }
+th:first-child, td:first-child { text-align: left; }
+th { background: #f4f4f4; }
+.plots { display: grid; grid-template-columns: 1fr 1fr; gap: 1em; }
+.plots figure { margin: 0; } .plots img { width: 100%; border: 1px solid #eee; }
+.verdict-pass { color: #1a7f37; font-weight: bold; } .verdict-warn { color: #9a6700; font-weight: bold; }
+.verdict-fail { color: #cf222e; font-weight: bold; } .verdict-skipped { color: #888; }
+.traj { border: 1px solid #ccc; border-radius: 6px; padding: .8em; margin: 1em 0; }
+.tokens { white-space: pre-wrap; font-family: Menlo, Consolas, monospace; font-size: .8em;
+          line-height: 1.5; }
+.span { border-radius: 3px; padding: 0 1px; }
+.span.prompt { background: #f0f0f0; color: #555; }
+.span.action { background: #d6ecff; color: #003a70; border-bottom: 2px solid #0969da; }
+.span.observation { background: #fff1c7; color: #5c4400; }
+.span.glue { background: #eee; color: #999; }
+.legend span { margin-right: 1em; }
+.meta { color: #555; font-size: .85em; }
+"""
+
+
+# -- plots ------------------------------------------------------------------------------------------
+
+
+def _series(metrics: Sequence[dict[str, Any]], key: str) -> tuple[list[float], list[float]]:
+    xs, ys = [], []
+    for i, m in enumerate(metrics):
+        v = m.get(key)
+        if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v):
+            xs.append(float(m.get("step", i + 1)))
+            ys.append(float(v))
+    return xs, ys
+
+
+def _png(fig: Any) -> str:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
+    return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def _new_figure() -> tuple[Any, Any]:
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display on a training box
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5.2, 3.0))
+    ax.grid(alpha=0.3)
+    ax.set_xlabel("PPO step")
+    return fig, ax
+
+
+def _close(fig: Any) -> None:
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+
+
+def line_plot(
+    metrics: Sequence[dict[str, Any]], title: str, ylabel: str, keys: Sequence[tuple[str, str]]
+) -> str | None:
+    """A base64 PNG of the given metric keys over steps, or None if none of them was logged."""
+    drawn = [(label, *_series(metrics, key)) for key, label in keys]
+    drawn = [d for d in drawn if d[1]]
+    if not drawn:
+        return None
+    fig, ax = _new_figure()
+    for label, xs, ys in drawn:
+        ax.plot(xs, ys, marker="o" if len(xs) < 30 else None, markersize=3, label=label)
+    ax.set_title(title)
+    ax.set_ylabel(ylabel)
+    ax.legend(fontsize=7)
+    try:
+        return _png(fig)
+    finally:
+        _close(fig)
+
+
+def reward_components_plot(metrics: Sequence[dict[str, Any]]) -> str | None:
+    """The weighted reward components (`reward/<name>`, metrics-only terms left out) over steps."""
+    keys = sorted(
+        {k for m in metrics for k in m if k.startswith("reward/") and not k.startswith("reward/metric/")}
+    )
+    return line_plot(
+        metrics, "Reward components", "weighted contribution", [(k, k[len("reward/") :]) for k in keys]
+    )
+
+
+def kl_plot(metrics: Sequence[dict[str, Any]]) -> str | None:
+    """KL to the reference (left axis) and the KL coefficient (right axis) over steps."""
+    kx, ky = _series(metrics, "objective/kl")
+    cx, cy = _series(metrics, "kl_coef")
+    if not kx and not cx:
+        return None
+    fig, ax = _new_figure()
+    ax.plot(kx, ky, color="#0969da", label="KL (nats / trajectory)")
+    ax.set_ylabel("KL", color="#0969da")
+    ax2 = ax.twinx()
+    ax2.plot(cx, cy, color="#cf222e", linestyle="--", label="kl_coef")
+    ax2.set_ylabel("kl_coef", color="#cf222e")
+    ax.set_title("KL to the reference and the KL coefficient")
+    try:
+        return _png(fig)
+    finally:
+        _close(fig)
+
+
+def heldout_plot(metrics: Sequence[dict[str, Any]], evals: Sequence[dict[str, Any]]) -> str | None:
+    """Dev EM logged during training plus every eval JSON with a step (test split points with CI bars)."""
+    dx, dy = _series(metrics, "eval/exact_match")
+    points: dict[str, list[tuple[float, float, float, float]]] = {}
+    for e in evals:
+        if e.get("step") is None or "exact_match" not in e:
+            continue
+        lo, hi = (e.get("ci95") or {}).get("exact_match", [e["exact_match"], e["exact_match"]])
+        points.setdefault(str(e.get("split", "eval")), []).append(
+            (float(e["step"]), e["exact_match"], lo, hi)
+        )
+    if not dx and not points:
+        return None
+    fig, ax = _new_figure()
+    if dx:
+        ax.plot(dx, dy, marker="o", markersize=3, label="dev EM (training log)")
+    for split, pts in sorted(points.items()):
+        pts.sort()
+        xs = [p[0] for p in pts]
+        ys = [p[1] for p in pts]
+        err = [[p[1] - p[2] for p in pts], [p[3] - p[1] for p in pts]]
+        ax.errorbar(xs, ys, yerr=err, marker="s", capsize=3, label=f"{split} EM (95% CI)")
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_title("Held-out exact match")
+    ax.set_ylabel("exact match")
+    ax.legend(fontsize=7)
+    try:
+        return _png(fig)
+    finally:
+        _close(fig)
+
+
+def build_plots(metrics: Sequence[dict[str, Any]], evals: Sequence[dict[str, Any]]) -> list[tuple[str, str]]:
+    """(title, base64 PNG) of every plot that has data."""
+    made: list[tuple[str, str | None]] = [
+        ("Training reward", line_plot(metrics, *PLOTS[0][:2], PLOTS[0][2])),
+        ("Reward components", reward_components_plot(metrics)),
+        ("Held-out exact match", heldout_plot(metrics, evals)),
+        ("KL and KL coefficient", kl_plot(metrics)),
+    ]
+    made += [(title, line_plot(metrics, title, ylabel, keys)) for title, ylabel, keys in PLOTS[2:]]
+    return [(t, png) for t, png in made if png]
+
+
+# -- tables -----------------------------------------------------------------------------------------
+
+EVAL_ROWS = (
+    "exact_match",
+    "f1",
+    "citation_support",
+    "format_valid",
+    "searches_per_question",
+    "tool_failure_rate",
+    "action_tokens_per_question",
+    "reward",
+)
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.3f}" if math.isfinite(v) else str(v)
+    return html.escape(str(v))
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    head = "".join(f"<th>{html.escape(str(h))}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row in rows)
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def eval_table(e: dict[str, Any]) -> str:
+    """One eval JSON: metric, overall mean [95% CI], and the mean per hop count."""
+    hops = sorted(e.get("by_hops", {}))
+    rows = []
+    for name in EVAL_ROWS:
+        if name not in e:
+            continue
+        lo, hi = (e.get("ci95") or {}).get(name, [float("nan"), float("nan")])
+        cells = [html.escape(name), f"{_fmt(e[name])} [{_fmt(lo)}, {_fmt(hi)}]"]
+        cells += [_fmt(e["by_hops"][h].get(name, "")) for h in hops]
+        rows.append(cells)
+    shares = e.get("termination", {})
+    rows.append(
+        ["termination", html.escape(", ".join(f"{k} {v:.2f}" for k, v in shares.items() if v))]
+        + [""] * len(hops)
+    )
+    header = ["metric", f"all (n={e.get('n', '?')}) [95% CI]"] + [
+        f"{h}-hop (n={e['by_hops'][h].get('n')})" for h in hops
+    ]
+    return _table(header, rows)
+
+
+def _flatten(prefix: str, value: Any, out: list[tuple[str, Any]]) -> None:
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _flatten(f"{prefix}.{k}" if prefix else str(k), v, out)
+    elif not isinstance(value, list):
+        out.append((prefix, value))
+
+
+def summary_table(summary: dict[str, Any]) -> str:
+    """A demo summary (nested dict) as key / value rows; CI lists and per-hop details are left to the eval tables."""
+    flat: list[tuple[str, Any]] = []
+    _flatten("", summary, flat)
+    keep = [
+        (k, v) for k, v in flat if ".by_hops." not in k and ".timing." not in k and ".termination." not in k
+    ]
+    return _table(["key", "value"], [[html.escape(k), _fmt(v)] for k, v in keep])
+
+
+def audit_table(report: AuditReport) -> str:
+    rows = []
+    for c in report.checks:
+        value = "" if c.value is None else _fmt(float(c.value))
+        evidence = html.escape(", ".join(c.evidence[:8]) + (" ..." if len(c.evidence) > 8 else ""))
+        rows.append(
+            [
+                html.escape(c.name),
+                f'<span class="verdict-{c.verdict}">{c.verdict}</span>',
+                value,
+                html.escape(c.threshold),
+                f"{c.num_flagged}/{c.num_checked}",
+                evidence,
+            ]
+        )
+    return _table(["check", "verdict", "value", "threshold", "flagged", "evidence (trajectory ids)"], rows)
+
+
+# -- trajectories -------------------------------------------------------------------------------------
+
+
+def _span_text(traj: Trajectory, start: int, end: int, fallback: str, tokenizer: Any) -> str:
+    if tokenizer is not None:
+        return tokenizer.decode(
+            traj.input_ids[start:end], skip_special_tokens=False, clean_up_tokenization_spaces=False
+        )
+    return fallback
+
+
+def _prompt_fallback(traj: Trajectory) -> str:
+    return "\n".join(f"[{m.get('role')}] {m.get('content', '')}" for m in traj.messages[:2])
+
+
+def render_trajectory(traj: Trajectory, tokenizer: Any = None) -> str:
+    """One trajectory as HTML: every span decoded on its own, coloured by kind; gaps shown as glue."""
+    pieces, cursor = [], 0
+    for span in sorted(traj.spans, key=lambda s: s.start):
+        if span.start > cursor:
+            text = _span_text(traj, cursor, span.start, "", tokenizer)
+            pieces.append(f'<span class="span glue" title="glue">{html.escape(text)}</span>')
+        fallback = span.text or (_prompt_fallback(traj) if span.kind == "prompt" else "")
+        text = _span_text(traj, span.start, span.end, fallback, tokenizer)
+        n = span.end - span.start
+        kind = span.kind if span.kind in ("prompt", "action", "observation", "glue") else "glue"
+        title = f"{span.kind}: tokens {span.start}-{span.end} ({n})"
+        if span.kind == "action" and traj.logprobs:
+            lps = traj.logprobs[span.start : span.end]
+            title += f", mean logprob {sum(lps) / max(1, len(lps)):.2f}"
+        pieces.append(f'<span class="span {kind}" title="{html.escape(title)}">{html.escape(text)}</span>')
+        cursor = max(cursor, span.end)
+    reward = "" if traj.reward is None else f"{traj.reward:.3f}"
+    breakdown = ", ".join(
+        f"{k} {v:.3f}" for k, v in traj.reward_breakdown.items() if not k.startswith("metric/")
+    )
+    meta = (
+        f"<div class='meta'><b>{html.escape(traj.id)}</b> · question: {html.escape(traj.question)} · golds: "
+        f"{html.escape(' | '.join(traj.golds))} · answer: <b>{html.escape(str(traj.answer))}</b> · "
+        f"termination: {html.escape(traj.termination)} · searches: {len(traj.tool_calls)} · reward: {reward}"
+        f"{' (' + html.escape(breakdown) + ')' if breakdown else ''} · action tokens: {traj.num_action_tokens}"
+        f" of {len(traj.input_ids)}</div>"
+    )
+    return f"<div class='traj'>{meta}<div class='tokens'>{''.join(pieces)}</div></div>"
+
+
+def pick_trajectories(trajs: Sequence[Trajectory], n: int) -> list[Trajectory]:
+    """A few telling trajectories: the best- and worst-rewarded, then ones that searched, in order."""
+    if n <= 0 or not trajs:
+        return []
+    scored = sorted(trajs, key=lambda t: t.reward if t.reward is not None else 0.0, reverse=True)
+    chosen: list[Trajectory] = []
+    for t in [scored[0], scored[-1], *[t for t in trajs if t.tool_calls], *trajs]:
+        if t not in chosen:
+            chosen.append(t)
+        if len(chosen) >= n:
+            break
+    return chosen
+
+
+# -- the page -----------------------------------------------------------------------------------------
+
+
+def _read_evals(run_dir: Path) -> list[tuple[str, dict[str, Any]]]:
+    out = []
+    for path in sorted((run_dir / "eval").glob("*.json")):
+        try:
+            out.append((path.name, json.loads(path.read_text(encoding="utf-8"))))
+        except (OSError, json.JSONDecodeError):
+            continue
+    return out
+
+
+def _latest_trajectories(run_dir: Path) -> list[Trajectory]:
+    files = sorted((run_dir / "trajectories").glob("*.jsonl*"))
+    if files:
+        return read_trajectories(files[-1])
+    evals = sorted((run_dir / "eval").glob("*.trajectories.jsonl.gz"))
+    return read_trajectories(evals[-1]) if evals else []
+
+
+def _tokenizer_of(run_dir: Path) -> Any:
+    """The run's tokenizer (from its latest checkpoint) to decode spans; None if it cannot be loaded."""
+    from searchrl.common.run import RunDir
+
+    ckpt = RunDir(run_dir).latest_checkpoint()
+    if ckpt is None or not (ckpt / "policy" / "tokenizer_config.json").exists():
+        return None
+    try:
+        from searchrl.models.tiny import load_tokenizer
+
+        return load_tokenizer(ckpt / "policy")
+    except (OSError, ValueError):
+        return None
+
+
+def write_report(
+    run_dir: str | Path,
+    out: str | Path | None = None,
+    summary: dict[str, Any] | None = None,
+    audit: AuditReport | None = None,
+    trajectories: Sequence[Trajectory] | None = None,
+    tokenizer: Any = None,
+    num_trajectories: int = 3,
+    title: str | None = None,
+) -> Path:
+    """Write the run's `report.html` (or `out`) and return its path. See the module docstring.
+
+    `summary` (e.g. the demo's summary.json) is shown as a table; without it `RUN/summary.json` is used
+    if present. `audit` defaults to `audit_run(run_dir)`; `trajectories` to the latest training step's;
+    `tokenizer` to the latest checkpoint's (spans fall back to their stored text without one).
+    """
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise FileNotFoundError(f"{run_dir}: run directory not found")
+    out = Path(out) if out is not None else run_dir / "report.html"
+    metrics = read_metrics(run_dir)
+    evals = _read_evals(run_dir)
+    if summary is None and (run_dir / "summary.json").exists():
+        summary = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
+    if audit is None:
+        try:
+            audit = audit_run(run_dir)
+        except FileNotFoundError:
+            audit = None
+    trajs = list(trajectories) if trajectories is not None else _latest_trajectories(run_dir)
+    tok = tokenizer if tokenizer is not None else _tokenizer_of(run_dir)
+
+    parts = [
+        "<!DOCTYPE html><html><head><meta charset='utf-8'>",
+        f"<title>{html.escape(title or run_dir.name)} · searchrl report</title><style>{CSS}</style></head><body>",
+        f"<h1>searchrl run report: {html.escape(title or run_dir.name)}</h1>",
+        f"<p class='meta'>{len(metrics)} logged steps · {len(evals)} eval file(s) · run folder {html.escape(str(run_dir))}</p>",
+    ]
+    if summary:
+        parts += ["<h2>Summary</h2>", summary_table(summary)]
+    parts.append("<h2>Training curves</h2>")
+    plots = build_plots(metrics, [e for _, e in evals])
+    if plots:
+        figs = "".join(
+            f"<figure><img class='plot' alt='{html.escape(t)}' src='data:image/png;base64,{png}'>"
+            f"<figcaption>{html.escape(t)}</figcaption></figure>"
+            for t, png in plots
+        )
+        parts.append(f"<div class='plots'>{figs}</div>")
+    else:
+        parts.append("<p>No metrics logged yet (metrics.jsonl is missing or empty).</p>")
+    held_out = [(n, e) for n, e in evals if "by_hops" in e]
+    if held_out:
+        parts.append("<h2>Held-out evaluation</h2>")
+        for name, e in held_out:
+            parts.append(
+                f"<h3>{html.escape(name)} · split {html.escape(str(e.get('split')))} · {html.escape(str(e.get('checkpoint')))}</h3>"
+            )
+            parts.append(eval_table(e))
+    if audit is not None:
+        parts += [
+            "<h2>Reward-hacking audit</h2>",
+            f"<p>Overall verdict: <span class='verdict-{audit.verdict}'>{audit.verdict}</span> over "
+            f"{audit.num_trajectories} trajectories ({html.escape(audit.source)}).</p>",
+            audit_table(audit),
+        ]
+    chosen = pick_trajectories(trajs, num_trajectories)
+    if chosen:
+        parts += [
+            "<h2>Trajectories</h2>",
+            "<p class='legend'><span class='span prompt'>prompt</span><span class='span action'>action tokens "
+            "(sampled by the policy, trained on)</span><span class='span observation'>observation tokens "
+            "(inserted by the environment, masked out)</span><span class='span glue'>template glue</span></p>",
+            *[render_trajectory(t, tok) for t in chosen],
+        ]
+    parts.append("</body></html>")
+    atomic_write_text(out, "\n".join(parts))
+    return out
