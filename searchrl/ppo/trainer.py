@@ -641,7 +641,9 @@ class PPOTrainer:
             **{k: float(v) for k, v in rollout_stats.items() if isinstance(v, int | float)},
         }
         metrics.update(self._reward_metrics(trajs))
-        self._save_trajectories(trajs)
+        self._save_trajectories(
+            trajs, {"advantages": advantages, "kl": kl, "values": old_values * action_mask}
+        )
         self.last_metrics = metrics
         return metrics
 
@@ -727,10 +729,16 @@ class PPOTrainer:
         out["answer/length_words"] = float(np.mean([len((t.answer or "").split()) for t in trajs]))
         return out
 
-    def _save_trajectories(self, trajs: list[Trajectory]) -> None:
+    def _save_trajectories(
+        self, trajs: list[Trajectory], per_token: dict[str, torch.Tensor] | None = None
+    ) -> None:
         if self.args.save_trajectories:
-            for t in trajs:
+            for i, t in enumerate(trajs):
                 t.metadata["step"] = self.global_step
+                # Per-token PPO quantities (whitened advantages, KL to the reference, values) for the
+                # trajectory viewer, cut to this trajectory's own length; 0 on non-action tokens.
+                for name, values in (per_token or {}).items():
+                    t.metadata[name] = [round(float(x), 5) for x in values[i, : len(t.input_ids)]]
             write_trajectories(self.run.trajectories / f"step-{self.global_step:06d}.jsonl.gz", trajs)
 
     # -----------------------------------------------------------------------------------------

@@ -543,4 +543,5 @@ class HFGenerator:
                 "protocol": "chat" if r.glue is not None else "search_r1",
                 "tools": list(getattr(env, "tools", []) or []),
             },
+                "injection_attempts": int(getattr(env, "injection_attempts", 0) or 0),
         )

@@ -47,7 +47,30 @@ def tool_stats(trajectories: Sequence[Trajectory]) -> dict[str, float]:
     for status in TOOL_STATUSES:
         if status != "ok":
             out[f"tools/failures/{status}"] = float(statuses.get(status, 0))
+    out.update(security_stats(trajectories))
     return out
+
+
+def security_stats(trajectories: Sequence[Trajectory]) -> dict[str, float]:
+    """Prompt-injection counters: markup neutralised in retrieved text, and calls outside the allow-list.
+
+    `security/disallowed_executed` counts calls to a tool the episode did not offer that still ran
+    (status "ok"); the environment's allow-list keeps it at 0, and the hardening tests hold it there.
+    """
+    attempts = sum(int(t.metadata.get("injection_attempts", 0) or 0) for t in trajectories)
+    disallowed = 0
+    for t in trajectories:
+        offered = {spec.get("function", {}).get("name") for spec in t.metadata.get("tools", []) or []}
+        offered = offered or {"search"}
+        disallowed += sum(1 for rec in t.tool_calls if rec.status == "ok" and rec.name not in offered)
+    denied = sum(
+        1 for t in trajectories for rec in t.tool_calls if rec.status in ("permission_denied", "unknown_tool")
+    )
+    return {
+        "security/injection_attempts": float(attempts),
+        "security/denied_tool_calls": float(denied),
+        "security/disallowed_executed": float(disallowed),
+    }
 
 
 def termination_stats(trajectories: Sequence[Trajectory]) -> dict[str, float]:
