@@ -384,6 +384,23 @@ def test_truncation_counts_real_tokens_with_a_tokenizer(tokenizer) -> None:
     assert env.tokens_used > 50  # action + observation + template glue are counted
 
 
+def test_token_accounting_matches_the_chat_template(tokenizer) -> None:
+    env = SearchEnvironment(FakeBackend(), EnvConfig(max_observation_tokens=500), tokenizer=tokenizer)
+    prompt = env.reset({"question": "What is the capital of France?"})
+    turn = "Let me search.\n" + call("capital of France") + call("river Seine")
+    result = env.step(turn)
+    conversation = prompt + [{"role": "assistant", "content": turn}] + result.tool_messages
+
+    def rendered_tokens(messages: list[dict]) -> int:
+        text = tokenizer.apply_chat_template(
+            messages, tools=env.tools, tokenize=False, add_generation_prompt=True
+        )
+        return len(tokenizer.encode(text, add_special_tokens=False))
+
+    exact = rendered_tokens(conversation) - rendered_tokens(prompt)  # action + EOS + glue + observations
+    assert abs(env.tokens_used - exact) <= 2, (env.tokens_used, exact)
+
+
 # -- rl_methods.md §8 invariants 19, 20, 25 --------------------------------------------------------------
 
 

@@ -368,12 +368,29 @@ class SearchEnvironment:
         self._last_observation: tuple[int, list[str]] = (0, [])  # (observations added, new doc ids)
 
     def _estimate_glue(self) -> tuple[int, int]:
-        """Template tokens around tool results (chat): per tool message and per observation turn."""
+        """Template tokens around tool results (chat): per tool message and per observation turn.
+
+        Measured on the tokenizer's own chat template by difference (empty tool messages), as TRL does;
+        Qwen2.5's strings are the fallback when the tokenizer has no usable template."""
         if self.config.protocol != "chat" or self.tokenizer is None:
             return 0, 0
-        per_message = self.counter.count("\n<tool_response>\n\n</tool_response>")
-        per_turn = self.counter.count("<|im_start|>user<|im_end|>\n<|im_start|>assistant\n")
-        return per_message, per_turn
+        try:
+            base = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
+            tool = {"role": "tool", "content": ""}
+            counts = [
+                self.counter.count(
+                    self.tokenizer.apply_chat_template(
+                        base + [tool] * n, tokenize=False, add_generation_prompt=n > 0
+                    )
+                )
+                for n in (0, 1, 2)
+            ]
+            per_message = counts[2] - counts[1]
+            return per_message, counts[1] - counts[0] - per_message
+        except Exception:  # no template, or one that cannot render tool messages
+            per_message = self.counter.count("\n<tool_response>\n\n</tool_response>")
+            per_turn = self.counter.count("\n<|im_start|>user<|im_end|>\n<|im_start|>assistant\n")
+            return per_message, per_turn
 
     # -- turn processing (called by step_batch) ------------------------------------------------------
     def _check_can_step(self) -> None:
