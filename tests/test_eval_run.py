@@ -1,0 +1,173 @@
+"""Evaluation through the real engine: the tiny model, real BM25 over the synthetic corpus, real environments.
+
+A fixed tiny checkpoint is built once per module in a run-directory layout (config.yaml naming the data
+and the index, checkpoints/step-N/policy with the tokenizer) so `searchrl eval` is exercised exactly as a
+user runs it. Scripted turns are forced through the engine where the test needs known answers.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from searchrl.cli import app
+from searchrl.common.config import save_config
+from searchrl.common.io import atomic_write_json
+from searchrl.data.synthetic import expert_queries, generate, preset_config
+from searchrl.env.environment import SearchEnvironment
+from searchrl.env.protocol import format_answer, format_tool_call
+from searchrl.evaluation.evaluate import (
+    env_config_from_ppo,
+    evaluate_policy,
+    generation_config_from_ppo,
+    trajectories_path,
+)
+from searchrl.models.tiny import TinyModelConfig, build_policy, tokenizer_training_texts, train_tokenizer
+from searchrl.ppo.config import PPOConfig
+from searchrl.rewards.combine import default_rubric
+from searchrl.rollout.generator import HFGenerator, ScriptedPolicy
+from searchrl.rollout.trajectory import read_trajectories
+from searchrl.search.index import build_index
+
+TINY = TinyModelConfig(
+    hidden_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, intermediate_size=64
+)
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    torch.manual_seed(0)
+    root = tmp_path_factory.mktemp("evalworld")
+    task = generate(preset_config("tiny", seed=0))
+    paths = task.write(root / "data")
+    backend = build_index(paths["corpus"], root / "index", backend="bm25")
+    backend.search(["warm up the numba kernels"], 1)
+    tok = train_tokenizer(tokenizer_training_texts(task.corpus, task.splits["train"]), vocab_size=800)
+    run = root / "run"
+    config = PPOConfig(
+        output_dir=str(run),
+        train_file=str(paths["train"]),
+        dev_file=str(paths["dev"]),
+        index_dir=str(root / "index"),
+        max_turns=3,
+        max_tool_calls=3,
+        max_new_tokens_per_turn=64,
+        max_episode_tokens=600,
+        progress_bar=False,
+    )
+    (run / "checkpoints").mkdir(parents=True)
+    save_config(config, run / "config.yaml")
+    for step in (1, 2):
+        policy = build_policy(tok, TinyModelConfig(**{**TINY.__dict__, "seed": step}))
+        folder = run / "checkpoints" / f"step-{step}"
+        policy.save_pretrained(folder / "policy")
+        tok.save_pretrained(folder / "policy")
+        atomic_write_json(folder / "trainer_state.json", {"global_step": step})
+    return {"root": root, "task": task, "backend": backend, "tok": tok, "run": run, "config": config}
+
+
+def expert_turns(row: dict, answer: str) -> list[str]:
+    calls = [format_tool_call("search", {"query": q}) for q in expert_queries(row)]
+    return [*calls, format_answer(answer, row["supporting_doc_ids"][-1:])]
+
+
+def test_evaluate_policy_scores_forced_expert_and_wrong_answers(world):
+    rows = world["task"].splits["test"][:4]
+    turns = [
+        expert_turns(r, r["golds"][0]) if i < 2 else expert_turns(r, "Nobody Atall")
+        for i, r in enumerate(rows)
+    ]
+    tok, cfg = world["tok"], world["config"]
+    policy = build_policy(tok, TINY)
+    env_cfg = env_config_from_ppo(cfg)
+    result = evaluate_policy(
+        policy,
+        tok,
+        rows,
+        lambda: SearchEnvironment(world["backend"], env_cfg, tokenizer=tok),
+        generation_config_from_ppo(cfg),
+        rubric=default_rubric(),
+        batch_size=4,
+        n_resamples=200,
+        generator_factory=lambda m, t, c: HFGenerator(m, t, c, forcing=ScriptedPolicy(t, turns)),
+    )
+    trajs = result.trajectories
+    assert [t.answer for t in trajs[:2]] == [r["golds"][0] for r in rows[:2]]
+    assert result.summary["exact_match"] == pytest.approx(0.5)
+    assert result.summary["format_valid"] == 1.0 and result.summary["termination"]["answered"] == 1.0
+    assert [len(t.tool_calls) for t in trajs] == [r["hops"] for r in rows]
+    assert result.summary["searches_per_question"] == pytest.approx(sum(r["hops"] for r in rows) / 4)
+    assert [t.metadata["hops"] for t in trajs] == [r["hops"] for r in rows]
+    assert result.summary["tool_failure_rate"] == 0.0
+    assert all(t.reward is not None for t in trajs) and "reward" in result.summary
+    assert result.generation_config["temperature"] == 0.0  # greedy, whatever the training temperature
+    assert result.metrics()["eval/exact_match"] == pytest.approx(0.5)
+
+
+def _invoke(*args: str):
+    result = CliRunner().invoke(app, ["eval", *args])
+    return result
+
+
+def test_cli_eval_on_a_fixed_checkpoint_is_deterministic(world):
+    run = world["run"]
+    args = ("--run", str(run), "--split", "test", "--limit", "4", "--bootstrap", "200", "--batch-size", "2")
+    first = _invoke(*args)
+    assert first.exit_code == 0, first.output
+    out = run / "eval" / "test-step-2.json"
+    one = out.read_text()
+    first_trajs = [t.to_dict() for t in read_trajectories(trajectories_path(out))]
+    second = _invoke(*args)
+    assert second.exit_code == 0, second.output
+    a, b = json.loads(one), json.loads(out.read_text())
+    a.pop("timing"), b.pop("timing")
+    assert a == b
+    assert a["checkpoint"] == "step-2" and a["step"] == 2 and a["split"] == "test" and a["n"] == 4
+    assert sum(a["termination"].values()) == pytest.approx(1.0)
+    assert a["generation_config"]["temperature"] == 0.0
+    assert "exact_match" in first.output and "95% CI" in first.output
+    trajs = read_trajectories(trajectories_path(out))
+    assert [t.to_dict() for t in trajs] == [
+        {**d, "metadata": {**d["metadata"], "latency_s": t.metadata["latency_s"]}}
+        for d, t in zip(first_trajs, trajs, strict=True)
+    ]  # token for token the same rollouts; only the wall-clock latency differs
+    assert len(trajs) == 4 and all(t.question_id.startswith("test-") for t in trajs)
+
+
+def test_cli_eval_on_an_older_checkpoint_and_a_plain_model_path(world):
+    run, root = world["run"], world["root"]
+    older = _invoke("--run", str(run), "--checkpoint", "step-1", "--limit", "3", "--bootstrap", "50")
+    assert older.exit_code == 0, older.output
+    assert (run / "eval" / "test-step-1.json").exists()
+    out = root / "plain.json"
+    plain = _invoke(
+        "--model",
+        str(run / "checkpoints" / "step-1" / "policy"),
+        "--data",
+        str(root / "data"),
+        "--index",
+        str(root / "index"),
+        "--split",
+        "dev",
+        "--limit",
+        "3",
+        "--bootstrap",
+        "50",
+        "--out",
+        str(out),
+    )
+    assert plain.exit_code == 0, plain.output
+    data = json.loads(out.read_text())
+    assert data["split"] == "dev" and data["n"] == 3 and data["checkpoint"] == "policy"
+
+
+def test_cli_eval_explains_what_is_missing(world, tmp_path):
+    bad = _invoke("--run", str(world["run"]), "--checkpoint", "step-9")
+    assert bad.exit_code != 0 and "step-1" in bad.output and "step-2" in bad.output
+    nothing = _invoke("--run", str(tmp_path))
+    assert nothing.exit_code != 0 and "config.yaml" in nothing.output
+    neither = _invoke()
+    assert neither.exit_code != 0 and "--model" in neither.output
