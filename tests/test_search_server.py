@@ -194,3 +194,33 @@ def test_binds_loopback_only_by_default(served):
         if c.status == psutil.CONN_LISTEN
     ]
     assert listening and all(addr.ip == "127.0.0.1" for addr in listening)
+
+
+class _BrokenBackend:
+    """A backend whose engine fails: first with a typed search error, then with a plain bug."""
+
+    fingerprint = "broken"
+
+    def __init__(self, exc: Exception):
+        self.exc = exc
+
+    def search(self, queries, k):
+        raise self.exc
+
+
+def test_backend_failures_are_5xx_with_a_message_and_bad_requests_still_4xx():
+    from fastapi.testclient import TestClient
+
+    from searchrl.search.base import SearchUnavailable
+    from searchrl.search.server import create_app
+
+    typed = TestClient(
+        create_app(_BrokenBackend(SearchUnavailable("disk gone"))), raise_server_exceptions=False
+    )
+    r = typed.post("/retrieve", json={"queries": ["a"]})
+    assert r.status_code == 503 and "disk gone" in r.json()["error"]
+    bug = TestClient(create_app(_BrokenBackend(RuntimeError("oops"))), raise_server_exceptions=False)
+    r = bug.post("/retrieve", json={"queries": ["a"]})
+    assert r.status_code == 500 and "RuntimeError: oops" in r.json()["error"]
+    # Validation happens before the backend is touched, so a bad request is 4xx even here.
+    assert bug.post("/retrieve", json={"queries": []}).status_code == 422

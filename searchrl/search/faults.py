@@ -109,7 +109,7 @@ class FaultInjectingBackend:
     def _perturb(self, hits: list[Hit], drop: bool, shuffle: bool, sub_seed: int) -> list[Hit]:
         hits = list(hits)
         if drop and hits:
-            # Dropping keeps a random prefix-free subset: anywhere from none to all but one hit.
+            # Dropping keeps a random subset in rank order: anywhere from none to all but one hit.
             rng = random.Random(sub_seed)
             keep = rng.randrange(len(hits))
             hits = sorted(rng.sample(hits, keep), key=hits.index)

@@ -1,0 +1,55 @@
+"""`SearchConfig` + `open_backend`: the one place a run turns its config into a backend stack."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from test_search_support import ServerProcess, write_corpus
+
+from searchrl.common.config import config_from_dict
+from searchrl.search.bm25 import BM25Backend, BM25Params
+from searchrl.search.cache import CachedBackend
+from searchrl.search.client import HTTPBackend
+from searchrl.search.faults import FaultInjectingBackend
+from searchrl.search.index import SearchConfig, build_index, open_backend
+from searchrl.search.server import ServerLimits
+
+
+@pytest.fixture(scope="module")
+def index_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("cfg")
+    build_index(write_corpus(d / "c.jsonl"), d / "index")
+    return d / "index"
+
+
+def test_every_config_field_has_help():
+    for cls in (SearchConfig, BM25Params, ServerLimits):
+        for f in dataclasses.fields(cls):
+            assert f.metadata.get("help"), f"{cls.__name__}.{f.name} has no help"
+
+
+def test_stack_order_index_faults_cache(index_dir, tmp_path):
+    assert isinstance(open_backend(SearchConfig(index=str(index_dir))), BM25Backend)
+    cfg = SearchConfig(index=str(index_dir), fault_drop_rate=0.5, cache=str(tmp_path / "c.sqlite"))
+    stack = open_backend(cfg)
+    assert isinstance(stack, CachedBackend) and isinstance(stack.backend, FaultInjectingBackend)
+    recorded = stack.search(["rivers", "Tirrow"], 3)
+    stack.close()
+    replay = open_backend(
+        config_from_dict(SearchConfig, {"cache": str(tmp_path / "c.sqlite"), "cache_mode": "replay"})
+    )
+    assert replay.search(["rivers", "Tirrow"], 3) == recorded
+
+
+def test_url_config_and_errors(index_dir):
+    with ServerProcess(index_dir) as server:
+        backend = open_backend(SearchConfig(url=server.url, read_timeout=5))
+        assert isinstance(backend, HTTPBackend)
+        assert backend.search(["capital of Veland"], 1)[0][0].doc_id == "c1"
+    with pytest.raises(ValueError, match="exactly one of 'index'"):
+        open_backend(SearchConfig())
+    with pytest.raises(ValueError, match="exactly one of 'index'"):
+        open_backend(SearchConfig(index=str(index_dir), url="http://127.0.0.1:1"))
+    with pytest.raises(ValueError, match="needs 'cache'"):
+        open_backend(SearchConfig(cache_mode="replay"))
