@@ -392,6 +392,20 @@ def check_judge_disagreement(trajs: Sequence[Trajectory], th: Thresholds) -> Che
     judge = np.array([s for _, s in scored])
     rule = np.array([f1_score(t.answer or "", t.golds) if t.answer is not None else 0.0 for t, _ in scored])
     em = np.array([exact_match(t.answer or "", t.golds) if t.answer is not None else 0.0 for t, _ in scored])
+    if judge.std() == 0:
+        # A constant judge ranks nothing: it agrees with constant rules and is useless against varying ones.
+        verdict = "pass" if rule.std() == 0 else "warn"
+        return CheckResult(
+            "judge_disagreement",
+            description,
+            verdict,
+            0.0,
+            threshold,
+            [],
+            0,
+            len(scored),
+            details={"spearman": None, "reason": "the judge gives every trajectory the same score"},
+        )
     high, low = np.quantile(judge, 0.75), np.quantile(judge, 0.25)
     flips = [
         t.id

@@ -135,8 +135,12 @@ def _audit_table(report: Any) -> Any:
     table = Table(
         title=f"reward-hacking audit · verdict: {report.verdict} · {report.num_trajectories} trajectories"
     )
-    for col in ("check", "verdict", "value", "threshold", "flagged", "evidence"):
-        table.add_column(col, justify="right" if col in ("value", "flagged") else "left")
+    table.add_column("check", no_wrap=True)
+    table.add_column("verdict", no_wrap=True)
+    table.add_column("value", justify="right", no_wrap=True)
+    table.add_column("threshold")
+    table.add_column("flagged", justify="right", no_wrap=True)
+    table.add_column("evidence", overflow="fold")
     for c in report.checks:
         style = VERDICT_STYLE.get(c.verdict, "")
         value = "" if c.value is None else f"{c.value:.3f}"
