@@ -31,6 +31,7 @@ from typing import Any, Protocol
 
 import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
+from transformers.cache_utils import DynamicLayer
 
 from searchrl.rollout.chat import ToolGlue, inline_observation_ids, prompt_ids, tools_key
 from searchrl.rollout.stats import rollout_stats
@@ -166,6 +167,49 @@ class _Row:
         return len(self.ids) - self.prompt_length
 
 
+class _GrowingLayer(DynamicLayer):
+    """A DynamicLayer whose buffers grow by a margin, so a decode step writes in place.
+
+    The stock layer concatenates the whole cache on every token (a full copy per step and layer);
+    here `keys`/`values` are views into buffers with spare room, re-allocated only when full.
+    """
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+            self.set(key_states[:, :, :0], value_states[:, :, :0])
+        used, new = self.keys.shape[-2], key_states.shape[-2]
+        if used + new > self._key_buf.shape[-2]:
+            self._reserve(used + new + max(64, (used + new) // 2))
+        self._key_buf[:, :, used : used + new] = key_states
+        self._value_buf[:, :, used : used + new] = value_states
+        self.keys = self._key_buf[:, :, : used + new]
+        self.values = self._value_buf[:, :, : used + new]
+        return self.keys, self.values
+
+    def _reserve(self, capacity: int) -> None:
+        used = self.keys.shape[-2]
+        shape = (*self.keys.shape[:2], capacity, self.keys.shape[3])
+        key_buf, value_buf = self.keys.new_empty(shape), self.values.new_empty(shape)
+        key_buf[:, :, :used] = self.keys
+        value_buf[:, :, :used] = self.values
+        self._key_buf, self._value_buf = key_buf, value_buf
+        self.keys, self.values = key_buf[:, :, :used], value_buf[:, :, :used]
+
+    def set(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Replace the content (after selecting rows or squeezing padding); grows on the next update."""
+        self.keys, self.values = keys, values
+        self._key_buf, self._value_buf = keys, values
+        self.is_initialized = True
+
+
+def _set_kv(layer: DynamicLayer, keys: torch.Tensor, values: torch.Tensor) -> None:
+    if isinstance(layer, _GrowingLayer):
+        layer.set(keys, values)
+    else:
+        layer.keys, layer.values = keys, values
+
+
 class _KVBatch:
     """The live rows' KV cache, attention mask and next position ids; counts tokens run through the model."""
 
@@ -200,6 +244,7 @@ class _KVBatch:
             position_ids=positions.to(self.device),
             past_key_values=cache,
             use_cache=True,
+            logits_to_keep=1,  # only the last position's logits are used: skip the LM head elsewhere
         )
         self.tokens_run += ids.numel()
         self.real_tokens_run += int(attn_new.sum())
@@ -219,6 +264,8 @@ class _KVBatch:
     def prefill(self, prompts: list[list[int]]) -> torch.Tensor:
         ids, attn_new = self._left_pad(prompts, self.pad_id)
         self.cache = DynamicCache(config=self.model.config)
+        if all(type(layer) is DynamicLayer for layer in self.cache.layers):
+            self.cache.layers = [_GrowingLayer() for _ in self.cache.layers]
         empty = torch.zeros((len(prompts), 0), dtype=torch.long)
         logits, self.attn = self._forward(
             ids, attn_new, self.cache, empty, torch.zeros(len(prompts), dtype=torch.long)
@@ -250,12 +297,11 @@ class _KVBatch:
         logits, _ = self._forward(ids, attn_new, sub, self.attn[index], self.next_pos[index])
         width = ids.shape[1]
         for full, part in zip(self.cache.layers, sub.layers, strict=True):
-            for name in ("keys", "values"):
-                old = getattr(full, name)
-                grown = old.new_zeros(old.shape[0], old.shape[1], old.shape[2] + width, old.shape[3])
-                grown[:, :, : old.shape[2]] = old
-                grown[dev_index, :, old.shape[2] :] = getattr(part, name)[:, :, -width:]
-                setattr(full, name, grown)
+            new_keys = full.keys.new_zeros(full.keys.shape[0], full.keys.shape[1], width, full.keys.shape[3])
+            new_values = torch.zeros_like(new_keys)
+            new_keys[dev_index] = part.keys[:, :, -width:]
+            new_values[dev_index] = part.values[:, :, -width:]
+            full.update(new_keys, new_values)
         pad_cols = torch.zeros((self.attn.shape[0], width), dtype=torch.long)
         pad_cols[index] = attn_new
         self.attn = torch.cat([self.attn, pad_cols], dim=1)
@@ -267,8 +313,7 @@ class _KVBatch:
         index = torch.tensor(keep, dtype=torch.long)
         dev_index = index.to(self.device)
         for layer in self.cache.layers:
-            layer.keys = layer.keys[dev_index]
-            layer.values = layer.values[dev_index]
+            _set_kv(layer, layer.keys[dev_index], layer.values[dev_index])
         self.attn = self.attn[index]
         self.next_pos = self.next_pos[index]
         # Columns that are padding in every remaining row are dead weight.
@@ -290,10 +335,8 @@ class _KVBatch:
         order = torch.sort(self.attn, dim=1, stable=True).indices[:, -width:]
         dev_order = order.to(self.device)
         for layer in self.cache.layers:
-            for name in ("keys", "values"):
-                tensor = getattr(layer, name)
-                gather = dev_order[:, None, :, None].expand(-1, tensor.shape[1], -1, tensor.shape[3])
-                setattr(layer, name, torch.gather(tensor, 2, gather))
+            gather = dev_order[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[3])
+            _set_kv(layer, torch.gather(layer.keys, 2, gather), torch.gather(layer.values, 2, gather))
         self.attn = torch.gather(self.attn, 1, order)
 
 
@@ -542,6 +585,6 @@ class HFGenerator:
                 "seed": cfg.seed,
                 "protocol": "chat" if r.glue is not None else "search_r1",
                 "tools": list(getattr(env, "tools", []) or []),
-            },
                 "injection_attempts": int(getattr(env, "injection_attempts", 0) or 0),
+            },
         )
