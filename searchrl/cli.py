@@ -23,6 +23,8 @@ COMMAND_MODULES: list[str] = [
     "searchrl.search.commands",
     "searchrl.data.commands",
     "searchrl.evaluation.commands",
+    "searchrl.viewer.commands",
+    "searchrl.grpo.commands",
 ]
 
 

@@ -1,1 +1,1 @@
-"""searchrl.viewer"""
+"""searchrl.viewer: the local trajectory viewer web page (`searchrl view RUN`)."""

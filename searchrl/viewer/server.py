@@ -1,0 +1,400 @@
+"""The trajectory viewer: a local web page over one run directory.
+
+What: `create_app(run_dir)` is a small FastAPI app that serves one HTML page (vanilla JS, no CDN, no
+external assets) and a JSON API over `RUN/trajectories/*.jsonl.gz`:
+
+* ``GET /api/summary``                  run name, steps, termination reasons, counts, tokenizer source;
+* ``GET /api/trajectories``             the list, filtered by ``step``, ``min_reward``, ``max_reward``,
+  ``correct`` (``yes``/``no``: exact match against the golds), ``termination`` and ``q`` (text);
+* ``GET /api/trajectories/{key}``       one trajectory token by token: text, kind (prompt / action /
+  observation / glue), sampling logprob, and the advantage, KL and value the PPO step computed (saved
+  by `PPOTrainer` in `metadata` when `save_trajectories` is on), where the score was placed (the last
+  action token), the reward breakdown and every tool call with its arguments, status and latency.
+
+Why a viewer: a search agent's failures are quiet (a timeout is an observation, a forged tag is
+defanged text, a reward lands on one token); reading one trajectory with its per-token numbers is the
+fastest way to see what the policy was rewarded for.
+
+Token texts are decoded one id at a time with the run's own tokenizer (the newest checkpoint's
+``policy/`` folder), loaded from disk only: nothing is downloaded. Without a checkpoint the page still
+works and shows the spans' text instead of per-token pieces.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, HTTPException, Query
+from fastapi.responses import JSONResponse, Response
+
+from searchrl.rewards.qa import exact_match
+from searchrl.rollout.trajectory import TERMINATION_REASONS, Trajectory, read_trajectories
+
+STATIC_FILES = {
+    "index.html": "text/html; charset=utf-8",
+    "app.js": "text/javascript; charset=utf-8",
+    "style.css": "text/css; charset=utf-8",
+}
+CORRECT_CHOICES = ("yes", "no")
+
+
+class RunDirError(ValueError):
+    """The folder is not a run directory the viewer can read; the message says what is missing."""
+
+
+@dataclass
+class Entry:
+    """One trajectory and where it came from."""
+
+    key: str
+    step: int
+    index: int
+    file: str
+    traj: Trajectory
+
+
+def check_run_dir(run_dir: str | Path) -> Path:
+    """The run directory as a Path, or a `RunDirError` saying what is wrong and how to get one."""
+    root = Path(run_dir)
+    if not root.exists():
+        raise RunDirError(f"{root}: no such run directory; pass the output_dir of a training run")
+    if not root.is_dir():
+        raise RunDirError(f"{root}: not a directory; pass the run's folder, not a file in it")
+    if not (root / "trajectories").is_dir():
+        raise RunDirError(
+            f"{root}: has no trajectories/ folder; train with save_trajectories on "
+            "(PPOConfig.save_trajectories=True) so the run writes trajectories/step-*.jsonl.gz"
+        )
+    return root
+
+
+def step_of_file(path: Path) -> int:
+    """`step-000012.jsonl.gz` -> 12; files with another name sort first (step -1)."""
+    stem = path.name.split(".")[0]
+    number = stem.rpartition("-")[2]
+    return int(number) if number.isdigit() else -1
+
+
+def checkpoint_step(path: Path) -> int:
+    number = path.name.rpartition("-")[2]
+    return int(number) if number.isdigit() else -1
+
+
+def _finite(x: Any) -> float | None:
+    """JSON has no NaN/inf: such numbers travel as null."""
+    if x is None:
+        return None
+    x = float(x)
+    return x if math.isfinite(x) else None
+
+
+class RunData:
+    """Reads a run directory's trajectories, re-reading a file only when it changed (a live run grows)."""
+
+    def __init__(self, run_dir: str | Path) -> None:
+        self.root = check_run_dir(run_dir)
+        self._files: dict[Path, tuple[float, list[Entry]]] = {}
+        self._lock = threading.Lock()
+        self._tokenizer: Any = None
+        self._tokenizer_source: str | None = None
+        self._tokenizer_tried = False
+
+    # -- trajectories ----------------------------------------------------------------------------
+    def entries(self) -> list[Entry]:
+        files = sorted((self.root / "trajectories").glob("*.jsonl*"), key=lambda p: (step_of_file(p), p.name))
+        out: list[Entry] = []
+        with self._lock:
+            for path in files:
+                out.extend(self._read_file(path))
+        return out
+
+    def _read_file(self, path: Path) -> list[Entry]:
+        mtime = path.stat().st_mtime
+        cached = self._files.get(path)
+        if cached is not None and cached[0] == mtime:
+            return cached[1]
+        file_step = step_of_file(path)
+        entries = []
+        for i, traj in enumerate(read_trajectories(path)):
+            step = int(traj.metadata.get("step", file_step))
+            entries.append(Entry(key=f"{step}-{i}", step=step, index=i, file=path.name, traj=traj))
+        self._files[path] = (mtime, entries)
+        return entries
+
+    def get(self, key: str) -> Entry:
+        for entry in self.entries():
+            if entry.key == key:
+                return entry
+        raise KeyError(key)
+
+    # -- tokenizer -------------------------------------------------------------------------------
+    def tokenizer(self) -> Any:
+        """The newest checkpoint's tokenizer (local files only), or None when the run has none."""
+        if not self._tokenizer_tried:
+            self._tokenizer_tried = True
+            candidates = sorted(
+                (p for p in (self.root / "checkpoints").glob("step-*/policy") if p.is_dir()),
+                key=lambda p: checkpoint_step(p.parent),
+                reverse=True,
+            )
+            for path in candidates:
+                if (path / "tokenizer.json").exists() or (path / "tokenizer_config.json").exists():
+                    from transformers import AutoTokenizer
+
+                    self._tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+                    self._tokenizer_source = str(path.relative_to(self.root))
+                    break
+        return self._tokenizer
+
+    @property
+    def tokenizer_source(self) -> str | None:
+        self.tokenizer()
+        return self._tokenizer_source
+
+
+# -- what the API returns ----------------------------------------------------------------------------
+
+
+def is_correct(traj: Trajectory) -> bool:
+    return bool(traj.golds) and exact_match(traj.answer or "", traj.golds) == 1.0
+
+
+def summary_row(entry: Entry) -> dict[str, Any]:
+    t = entry.traj
+    return {
+        "key": entry.key,
+        "step": entry.step,
+        "index": entry.index,
+        "id": t.id,
+        "question": t.question,
+        "golds": t.golds,
+        "answer": t.answer,
+        "reward": _finite(t.reward),
+        "correct": is_correct(t),
+        "termination": t.termination,
+        "num_turns": t.num_turns,
+        "num_tool_calls": len(t.tool_calls),
+        "failed_tool_calls": sum(1 for c in t.tool_calls if c.status != "ok"),
+        "num_tokens": len(t.input_ids),
+        "num_action_tokens": t.num_action_tokens,
+        "injection_attempts": int(t.metadata.get("injection_attempts", 0) or 0),
+    }
+
+
+def token_kinds(traj: Trajectory) -> list[str]:
+    """The span kind of every position; positions no span covers are template glue."""
+    kinds = ["glue"] * len(traj.input_ids)
+    for span in traj.spans:
+        for i in range(max(0, span.start), min(span.end, len(kinds))):
+            kinds[i] = span.kind
+    # The action mask is the ground truth of what was sampled, whatever the spans say.
+    for i, m in enumerate(traj.action_mask):
+        if m:
+            kinds[i] = "action"
+    return kinds
+
+
+def per_token(traj: Trajectory, name: str) -> list[float | None]:
+    values = traj.metadata.get(name)
+    n = len(traj.input_ids)
+    if not isinstance(values, list):
+        return [None] * n
+    values = [_finite(v) for v in values[:n]]
+    return values + [None] * (n - len(values))
+
+
+def token_rows(traj: Trajectory, tokenizer: Any) -> list[dict[str, Any]]:
+    kinds = token_kinds(traj)
+    advantages, kls, values = (per_token(traj, k) for k in ("advantages", "kl", "values"))
+    decode = _decoder(tokenizer) if tokenizer is not None else None
+    texts = [decode(i) for i in traj.input_ids] if decode else _texts_from_spans(traj)
+    rows = []
+    for i, token_id in enumerate(traj.input_ids):
+        rows.append(
+            {
+                "i": i,
+                "id": int(token_id),
+                "text": texts[i],
+                "kind": kinds[i],
+                "logprob": _finite(traj.logprobs[i]) if i < len(traj.logprobs) else None,
+                "advantage": advantages[i],
+                "kl": kls[i],
+                "value": values[i],
+            }
+        )
+    return rows
+
+
+def _decoder(tokenizer: Any):
+    @lru_cache(maxsize=65536)
+    def decode(token_id: int) -> str:
+        return tokenizer.decode([token_id], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+    return decode
+
+
+def _texts_from_spans(traj: Trajectory) -> list[str]:
+    """Without a tokenizer: each span's text on its first token, the id on the others."""
+    texts = [f"⟨{i}⟩" for i in traj.input_ids]
+    for span in traj.spans:
+        if span.text and 0 <= span.start < len(texts):
+            texts[span.start] = span.text
+            for i in range(span.start + 1, min(span.end, len(texts))):
+                texts[i] = ""
+    return texts
+
+
+def detail(entry: Entry, tokenizer: Any) -> dict[str, Any]:
+    t = entry.traj
+    score_index = t.last_action_index
+    return {
+        **summary_row(entry),
+        "file": entry.file,
+        "citations": t.citations,
+        "final_text": t.final_text,
+        "reward_breakdown": {k: _finite(v) for k, v in t.reward_breakdown.items()},
+        "score_index": score_index if score_index >= 0 else None,
+        "has_ppo_values": isinstance(t.metadata.get("advantages"), list),
+        "tool_calls": [
+            {
+                "name": c.name,
+                "arguments": c.arguments,
+                "status": c.status,
+                "latency_ms": _finite(c.latency_ms),
+                "doc_ids": c.doc_ids,
+                "error": c.error,
+                "turn_index": c.turn_index,
+            }
+            for c in t.tool_calls
+        ],
+        "spans": [{"kind": s.kind, "start": s.start, "end": s.end} for s in t.spans],
+        "tokens": token_rows(t, tokenizer),
+    }
+
+
+def matches(
+    entry: Entry,
+    step: int | None,
+    min_reward: float | None,
+    max_reward: float | None,
+    correct: str | None,
+    termination: str | None,
+    text: str | None,
+) -> bool:
+    t = entry.traj
+    if step is not None and entry.step != step:
+        return False
+    reward = t.reward if t.reward is not None else float("nan")
+    if min_reward is not None and not reward >= min_reward:
+        return False
+    if max_reward is not None and not reward <= max_reward:
+        return False
+    if correct is not None and is_correct(t) != (correct == "yes"):
+        return False
+    if termination is not None and t.termination != termination:
+        return False
+    if text:
+        needle = text.lower()
+        haystack = " ".join([t.question, t.answer or "", t.id, " ".join(t.golds)]).lower()
+        if needle not in haystack:
+            return False
+    return True
+
+
+# -- the app -------------------------------------------------------------------------------------------
+
+
+def _static(name: str) -> bytes:
+    return resources.files("searchrl.viewer").joinpath("static", name).read_bytes()
+
+
+def create_app(run_dir: str | Path) -> FastAPI:
+    """The viewer app over `run_dir` (checked at once: a bad folder fails here, not on first request)."""
+    data = RunData(run_dir)
+    data.tokenizer()  # load it now (importing transformers takes seconds), not inside the first request
+    app = FastAPI(title="searchrl trajectory viewer", version="1")
+    app.state.data = data
+
+    @app.get("/", include_in_schema=False)
+    def index() -> Response:
+        return Response(_static("index.html"), media_type=STATIC_FILES["index.html"])
+
+    @app.get("/static/{name}", include_in_schema=False)
+    def static(name: str) -> Response:
+        if name not in STATIC_FILES:
+            raise HTTPException(404, f"no static file {name!r}")
+        return Response(_static(name), media_type=STATIC_FILES[name])
+
+    @app.get("/health")
+    def health() -> dict[str, str]:
+        return {"status": "ok", "run": str(data.root)}
+
+    @app.get("/api/summary")
+    def summary() -> dict[str, Any]:
+        entries = data.entries()
+        rewards = [e.traj.reward for e in entries if e.traj.reward is not None]
+        return {
+            "run": data.root.name,
+            "path": str(data.root),
+            "num_trajectories": len(entries),
+            "steps": sorted({e.step for e in entries}),
+            "terminations": [r for r in TERMINATION_REASONS if any(e.traj.termination == r for e in entries)],
+            "all_terminations": list(TERMINATION_REASONS),
+            "reward_min": _finite(min(rewards)) if rewards else None,
+            "reward_max": _finite(max(rewards)) if rewards else None,
+            "correct": sum(1 for e in entries if is_correct(e.traj)),
+            "tokenizer": data.tokenizer_source,
+        }
+
+    @app.get("/api/trajectories")
+    def list_trajectories(
+        step: int | None = Query(None, description="Only this PPO step."),
+        min_reward: float | None = Query(None, description="Only rewards >= this."),
+        max_reward: float | None = Query(None, description="Only rewards <= this."),
+        correct: str | None = Query(None, description="'yes' or 'no': exact match against the golds."),
+        termination: str | None = Query(None, description=f"One of {', '.join(TERMINATION_REASONS)}."),
+        q: str | None = Query(None, description="Text in the question, answer, id or golds."),
+        limit: int = Query(500, ge=1, le=10000, description="Most rows to return."),
+    ) -> dict[str, Any]:
+        correct = correct or None
+        termination = termination or None
+        if correct is not None and correct not in CORRECT_CHOICES:
+            raise HTTPException(422, f"correct={correct!r}: use 'yes' or 'no' (or leave it out)")
+        if termination is not None and termination not in TERMINATION_REASONS:
+            raise HTTPException(
+                422, f"termination={termination!r}: use one of {', '.join(TERMINATION_REASONS)}"
+            )
+        hits = [
+            e for e in data.entries() if matches(e, step, min_reward, max_reward, correct, termination, q)
+        ]
+        return {"total": len(hits), "rows": [summary_row(e) for e in hits[:limit]]}
+
+    @app.get("/api/trajectories/{key}")
+    def one_trajectory(key: str) -> dict[str, Any]:
+        try:
+            entry = data.get(key)
+        except KeyError:
+            raise HTTPException(
+                404, f"no trajectory {key!r}; keys look like STEP-INDEX, see /api/trajectories"
+            ) from None
+        return detail(entry, data.tokenizer())
+
+    @app.exception_handler(HTTPException)
+    async def _http_error(_: Any, exc: HTTPException) -> JSONResponse:
+        return JSONResponse({"error": str(exc.detail), "detail": exc.detail}, status_code=exc.status_code)
+
+    return app
+
+
+def serve(run_dir: str | Path, host: str = "127.0.0.1", port: int = 8765, log_level: str = "warning") -> None:
+    """Serve the viewer with uvicorn until interrupted."""
+    import uvicorn
+
+    app = create_app(run_dir)
+    uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False)

@@ -1,0 +1,247 @@
+// searchrl trajectory viewer: vanilla JS over the viewer's JSON API, no external code.
+// Routes: "#/" (the filtered list) and "#/t/<key>" (one trajectory, token by token).
+"use strict";
+
+const app = document.getElementById("app");
+let summary = null;
+let tokenMode = "kind";
+
+function el(tag, attrs, ...children) {
+  const node = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (k === "class") node.className = v;
+    else if (k.startsWith("on")) node.addEventListener(k.slice(2), v);
+    else if (v !== null && v !== undefined) node.setAttribute(k, v);
+  }
+  for (const c of children.flat()) {
+    if (c === null || c === undefined) continue;
+    node.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  }
+  return node;
+}
+
+function fmt(x, digits = 3) {
+  if (x === null || x === undefined) return "–";
+  return Number(x).toFixed(digits);
+}
+
+async function getJSON(url) {
+  const resp = await fetch(url);
+  const body = await resp.json();
+  if (!resp.ok) throw new Error(body.error || body.detail || resp.statusText);
+  return body;
+}
+
+function showError(err) {
+  app.replaceChildren(el("p", { class: "error", id: "error" }, String(err.message || err)));
+}
+
+// ---------------------------------------------------------------------------------------- list page
+
+function currentFilters() {
+  const params = new URLSearchParams(location.hash.split("?")[1] || "");
+  return Object.fromEntries(params.entries());
+}
+
+function filterForm(values) {
+  const option = (v, label, sel) => el("option", { value: v, selected: sel ? "" : null }, label);
+  const steps = summary.steps.map((s) => option(String(s), String(s), values.step === String(s)));
+  const terms = summary.all_terminations.map((t) => option(t, t, values.termination === t));
+  const form = el(
+    "form",
+    { class: "filters", id: "filters" },
+    el("label", {}, "step", el("select", { name: "step" }, option("", "all"), steps)),
+    el("label", {}, "min reward", el("input", { name: "min_reward", type: "number", step: "any", value: values.min_reward || "" })),
+    el("label", {}, "max reward", el("input", { name: "max_reward", type: "number", step: "any", value: values.max_reward || "" })),
+    el("label", {}, "correct (EM)",
+      el("select", { name: "correct" }, option("", "any"), option("yes", "yes", values.correct === "yes"), option("no", "no", values.correct === "no"))),
+    el("label", {}, "termination", el("select", { name: "termination" }, option("", "any"), terms)),
+    el("label", {}, "text", el("input", { name: "q", type: "search", value: values.q || "" })),
+    el("button", { type: "submit" }, "Filter"),
+  );
+  form.addEventListener("submit", (ev) => {
+    ev.preventDefault();
+    const params = new URLSearchParams();
+    for (const [k, v] of new FormData(form).entries()) if (v !== "") params.set(k, v);
+    location.hash = "#/?" + params.toString();
+  });
+  return form;
+}
+
+async function renderList() {
+  const values = currentFilters();
+  const params = new URLSearchParams(values);
+  const data = await getJSON("/api/trajectories?" + params.toString());
+  const rows = data.rows.map((r) =>
+    el(
+      "tr",
+      { class: "traj-row", "data-key": r.key, onclick: () => (location.hash = "#/t/" + r.key) },
+      el("td", { class: "num" }, r.step),
+      el("td", {}, el("a", { class: "traj-link", href: "#/t/" + r.key }, r.id)),
+      el("td", {}, r.question),
+      el("td", {}, r.answer === null ? el("span", { class: "muted" }, "(none)") : r.answer),
+      el("td", {}, r.golds.join(" | ")),
+      el("td", { class: r.correct ? "yes" : "no" }, r.correct ? "yes" : "no"),
+      el("td", { class: "num" }, fmt(r.reward)),
+      el("td", {}, r.termination),
+      el("td", { class: "num" }, `${r.num_tool_calls}` + (r.failed_tool_calls ? ` (${r.failed_tool_calls} failed)` : "")),
+      el("td", { class: "num" }, `${r.num_action_tokens}/${r.num_tokens}`),
+    ),
+  );
+  const table = el(
+    "table",
+    { id: "traj-table" },
+    el("thead", {}, el("tr", {}, ["step", "id", "question", "answer", "golds", "correct", "reward", "termination", "tool calls", "action/all tokens"].map((h) => el("th", {}, h)))),
+    el("tbody", {}, rows),
+  );
+  app.replaceChildren(
+    filterForm(values),
+    el("p", { class: "muted", id: "list-count" }, `${data.total} trajectories match` + (data.total > data.rows.length ? ` (showing ${data.rows.length})` : "")),
+    table,
+  );
+}
+
+// ---------------------------------------------------------------------------------- trajectory page
+
+// Heat-map colour: blue for positive, red for negative, white at 0; `scale` is the largest |value|.
+function heat(value, scale) {
+  if (value === null || value === undefined || !scale) return "#f2f2f2";
+  const a = Math.min(1, Math.abs(value) / scale);
+  const [r, g, b] = value >= 0 ? [60, 110, 220] : [215, 60, 60];
+  const mix = (c) => Math.round(255 - (255 - c) * a);
+  return `rgb(${mix(r)}, ${mix(g)}, ${mix(b)})`;
+}
+
+function tokenPane(traj) {
+  const pane = el("div", { id: "tokens", "data-mode": tokenMode });
+  const key = { advantage: "advantage", kl: "kl", value: "value" }[tokenMode];
+  const scale = key ? Math.max(0, ...traj.tokens.map((t) => Math.abs(t[key] || 0))) : 0;
+  for (const t of traj.tokens) {
+    const cls = ["tok", "tok-" + t.kind];
+    if (t.i === traj.score_index) cls.push("score-token");
+    const span = el("span", { class: cls.join(" "), "data-i": t.i }, t.text);
+    if (key) span.style.background = t.kind === "action" ? heat(t[key], scale) : "#f7f7f7";
+    span.dataset.tip =
+      `#${t.i} id ${t.id} (${t.kind})\nlogprob ${fmt(t.logprob)}\nadvantage ${fmt(t.advantage)}\nkl ${fmt(t.kl, 4)}\nvalue ${fmt(t.value)}` +
+      (t.i === traj.score_index ? `\nscore ${fmt(traj.reward)} placed here` : "");
+    pane.append(span);
+  }
+  return pane;
+}
+
+function modeButtons(traj, rerender) {
+  const modes = [["kind", "kind"], ["advantage", "advantage"], ["kl", "KL"], ["value", "value"]];
+  return el(
+    "div",
+    { class: "modes", id: "modes" },
+    "colour tokens by: ",
+    modes.map(([m, label]) =>
+      el("button", {
+        class: m === tokenMode ? "active" : "",
+        "data-mode": m,
+        disabled: m !== "kind" && !traj.has_ppo_values ? "" : null,
+        onclick: () => { tokenMode = m; rerender(); },
+      }, label),
+    ),
+    traj.has_ppo_values ? null : el("span", { class: "muted" }, " (no per-token PPO values saved in this run)"),
+  );
+}
+
+function breakdownTable(traj) {
+  const entries = Object.entries(traj.reward_breakdown);
+  const scale = Math.max(1e-9, ...entries.map(([, v]) => Math.abs(v || 0)));
+  return el(
+    "table",
+    { id: "breakdown" },
+    el("thead", {}, el("tr", {}, el("th", {}, "component"), el("th", {}, "value"), el("th", {}, ""))),
+    el("tbody", {}, entries.map(([k, v]) =>
+      el("tr", {}, el("td", {}, k), el("td", { class: "num" }, fmt(v)),
+        el("td", {}, el("span", { class: "bar" + (v < 0 ? " neg" : ""), style: `width:${Math.round((100 * Math.abs(v || 0)) / scale)}px` }))))),
+  );
+}
+
+function toolTable(traj) {
+  if (!traj.tool_calls.length) return el("p", { class: "muted" }, "No tool calls.");
+  return el(
+    "table",
+    { id: "tool-calls" },
+    el("thead", {}, el("tr", {}, ["turn", "tool", "arguments", "status", "latency ms", "documents", "error"].map((h) => el("th", {}, h)))),
+    el("tbody", {}, traj.tool_calls.map((c) =>
+      el("tr", { class: "tool-call" },
+        el("td", { class: "num" }, c.turn_index),
+        el("td", {}, c.name),
+        el("td", {}, el("pre", { class: "args" }, JSON.stringify(c.arguments, null, 1))),
+        el("td", { class: c.status === "ok" ? "status-ok" : "status-bad" }, c.status),
+        el("td", { class: "num" }, fmt(c.latency_ms, 1)),
+        el("td", {}, c.doc_ids.join(", ")),
+        el("td", {}, c.error || "")))),
+  );
+}
+
+async function renderTrajectory(key) {
+  const traj = await getJSON("/api/trajectories/" + encodeURIComponent(key));
+  const rerender = () => draw();
+  function draw() {
+    const kinds = {};
+    for (const t of traj.tokens) kinds[t.kind] = (kinds[t.kind] || 0) + 1;
+    app.replaceChildren(
+      el("p", {}, el("a", { href: "#/", id: "back" }, "← all trajectories")),
+      el("section", { id: "overview" },
+        el("h2", {}, `Trajectory ${traj.id} (step ${traj.step})`),
+        el("dl", { class: "kv" },
+          el("dt", {}, "question"), el("dd", {}, traj.question),
+          el("dt", {}, "golds"), el("dd", {}, traj.golds.join(" | ")),
+          el("dt", {}, "answer"), el("dd", { id: "answer" }, traj.answer === null ? "(none)" : traj.answer),
+          el("dt", {}, "correct (EM)"), el("dd", { class: traj.correct ? "yes" : "no" }, traj.correct ? "yes" : "no"),
+          el("dt", {}, "citations"), el("dd", {}, traj.citations.join(", ") || "–"),
+          el("dt", {}, "termination"), el("dd", {}, traj.termination),
+          el("dt", {}, "reward"), el("dd", { id: "reward" }, fmt(traj.reward)),
+          el("dt", {}, "score placed at"), el("dd", { id: "score-at" }, traj.score_index === null ? "no action token" : `token #${traj.score_index} (the last action token)`),
+          el("dt", {}, "turns"), el("dd", {}, traj.num_turns),
+          el("dt", {}, "injection attempts"), el("dd", {}, traj.injection_attempts))),
+      el("section", {}, el("h2", {}, "Reward breakdown"), breakdownTable(traj)),
+      el("section", {}, el("h2", {}, "Tool calls"), toolTable(traj)),
+      el("section", {},
+        el("h2", {}, "Tokens"),
+        el("div", { class: "legend" },
+          ["prompt", "action", "observation", "glue"].map((k) => el("span", { class: "tok-" + k }, `${k} (${kinds[k] || 0})`)),
+          el("span", { class: "tok score-token" }, "score token")),
+        modeButtons(traj, rerender),
+        tokenPane(traj)),
+    );
+  }
+  draw();
+}
+
+// ------------------------------------------------------------------------------------------ routing
+
+async function route() {
+  try {
+    if (!summary) {
+      summary = await getJSON("/api/summary");
+      document.getElementById("run-name").textContent = summary.run;
+      document.getElementById("run-stats").textContent =
+        `${summary.num_trajectories} trajectories · ${summary.steps.length} steps · ${summary.correct} correct` +
+        (summary.tokenizer ? ` · tokens decoded with ${summary.tokenizer}` : " · no tokenizer found");
+    }
+    const hash = location.hash || "#/";
+    if (hash.startsWith("#/t/")) await renderTrajectory(decodeURIComponent(hash.slice(4)));
+    else await renderList();
+    document.body.dataset.ready = "1";
+  } catch (err) {
+    showError(err);
+    document.body.dataset.ready = "1";
+  }
+}
+
+const tip = document.body.appendChild(el("div", { id: "tip" }));
+document.addEventListener("mousemove", (ev) => {
+  const t = ev.target.closest && ev.target.closest(".tok");
+  if (!t || !t.dataset.tip) { tip.style.display = "none"; return; }
+  tip.textContent = t.dataset.tip;
+  tip.style.left = ev.clientX + 14 + "px";
+  tip.style.top = ev.clientY + 14 + "px";
+  tip.style.display = "block";
+});
+window.addEventListener("hashchange", () => { document.body.dataset.ready = ""; route(); });
+route();

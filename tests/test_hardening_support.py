@@ -1,0 +1,228 @@
+"""Shared helpers for the viewer and hardening tests (no tests here).
+
+A tiny real world (synthetic corpus, BM25 index, BPE tokenizer, tiny Qwen2 policy) and a short PPO run
+whose turns are forced by `SearchThenAnswer`: the policy's first turn searches the row's expert query,
+its second answers (the gold for even rows, a wrong word for odd rows) citing the first retrieved id.
+Forced tokens still go through the real generator, environment, rewards and PPO update, so every run
+has tool calls, observations, varied rewards and per-token advantages to look at.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY_MODEL = dict(
+    hidden_size=32, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, intermediate_size=64
+)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_http(url: str, proc: subprocess.Popen | None = None, timeout: float = 60.0) -> None:
+    """Poll `url` until it answers 200; fail with the process's stderr if it died first."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            err = proc.stderr.read().decode(errors="replace")[-3000:] if proc.stderr else ""
+            raise RuntimeError(f"process exited early (rc {proc.returncode}): {err}")
+        try:
+            if httpx.get(url, timeout=1.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"{url} did not answer 200 within {timeout} s")
+
+
+def python_env() -> dict[str, str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
+    env.pop("SEARCHRL_SERVE_TOKEN", None)
+    return env
+
+
+class SearchServer:
+    """`python -m searchrl.search.server` on a fixed 127.0.0.1 port, so it can be killed and restarted."""
+
+    def __init__(self, index_dir: Path, port: int | None = None, token: str | None = None) -> None:
+        self.index_dir = index_dir
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.token = token
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> SearchServer:
+        env = python_env()
+        if self.token:
+            env["SEARCHRL_SERVE_TOKEN"] = self.token
+        cmd = [sys.executable, "-m", "searchrl.search.server", "--index", str(self.index_dir)]
+        self.proc = subprocess.Popen(
+            cmd + ["--port", str(self.port)], cwd=ROOT, env=env, stderr=subprocess.PIPE
+        )
+        wait_http(self.url + "/health", self.proc)
+        return self
+
+    def kill(self) -> None:
+        """SIGKILL, no clean shutdown: what a crashed or OOM-killed search host looks like."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+
+    def __enter__(self) -> SearchServer:
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.kill()
+
+
+@dataclass
+class TinyWorld:
+    root: Path
+    task: Any
+    backend: Any
+    tok: Any
+    index_dir: Path
+    corpus_path: Path
+
+
+def build_world(root: Path, extra_docs: list[dict] | None = None, seed: int = 0) -> TinyWorld:
+    from searchrl.common.io import write_jsonl
+    from searchrl.data.synthetic import generate, preset_config
+    from searchrl.models.tiny import tokenizer_training_texts, train_tokenizer
+    from searchrl.search.index import build_index
+
+    task = generate(preset_config("tiny", seed=seed))
+    corpus = list(task.corpus) + list(extra_docs or [])
+    corpus_path = root / "corpus.jsonl"
+    write_jsonl(corpus_path, corpus)
+    index_dir = root / "index"
+    backend = build_index(corpus_path, index_dir, overwrite=True)
+    backend.search(["warm up"], 1)  # numba compiles on first use: keep that out of every deadline
+    tok = train_tokenizer(tokenizer_training_texts(corpus, task.splits["train"]), vocab_size=512)
+    return TinyWorld(root, task, backend, tok, index_dir, corpus_path)
+
+
+class SearchThenAnswer:
+    """A `TokenForcing`: turn 0 searches the row's expert query, turn 1 answers (see module docstring).
+
+    It reads each row from the environment the trainer created for it: `envs` is the list the env
+    factory appends to, and a rollout's rows are the last `batch_size` environments made.
+    """
+
+    def __init__(self, tok: Any, envs: list[Any], batch_size: int, wrong_every: int = 2) -> None:
+        self.tok = tok
+        self.envs = envs
+        self.batch_size = batch_size
+        self.wrong_every = wrong_every
+        self._ids: dict[tuple[int, int], list[int]] = {}
+
+    def _text(self, env: Any, row: int, turn: int) -> str | None:
+        from searchrl.data.synthetic import expert_queries
+        from searchrl.env.protocol import format_answer, format_tool_call
+
+        if turn == 0:
+            return format_tool_call("search", {"query": expert_queries(env.row)[0], "k": 2})
+        if turn == 1:
+            cited = [rec.doc_ids[0] for rec in env.records if rec.doc_ids][:1]
+            wrong = self.wrong_every and row % self.wrong_every == 1
+            return format_answer("unknown" if wrong else str(env.row["golds"][0]), cited)
+        return None
+
+    def __call__(self, row: int, turn: int, position: int) -> int | None:
+        env = self.envs[len(self.envs) - self.batch_size + row]
+        key = (id(env), turn)
+        if key not in self._ids:
+            text = self._text(env, row, turn)
+            if text is None:
+                return None
+            ids = self.tok.encode(text, add_special_tokens=False)
+            self._ids[key] = [int(i) for i in ids] + [int(self.tok.eos_token_id)]
+        ids = self._ids[key]
+        return ids[position] if position < len(ids) else None
+
+
+def make_trainer(
+    world: TinyWorld,
+    out_dir: Path,
+    backend: Any = None,
+    steps: int = 2,
+    env_cfg: dict | None = None,
+    callbacks: list | None = None,
+    batch_size: int = 4,
+    save_steps: int = 1,
+    **ppo: Any,
+):
+    """A PPOTrainer on the tiny world with `SearchThenAnswer` forcing; `steps` PPO steps of `batch_size`."""
+    from searchrl.env.environment import EnvConfig, SearchEnvironment
+    from searchrl.models.tiny import TinyModelConfig, build_policy
+    from searchrl.ppo.config import PPOConfig
+    from searchrl.ppo.trainer import PPOTrainer
+    from searchrl.rewards.combine import default_rubric
+
+    backend = backend if backend is not None else world.backend
+    cfg = EnvConfig(**{"max_turns": 3, "max_tool_calls": 2, "max_observation_tokens": 96, **(env_cfg or {})})
+    envs: list[Any] = []
+
+    def factory() -> SearchEnvironment:
+        env = SearchEnvironment(backend, cfg, tokenizer=world.tok)
+        envs.append(env)
+        return env
+
+    args = PPOConfig(
+        **{
+            "output_dir": str(out_dir),
+            "per_device_train_batch_size": batch_size,
+            "gradient_accumulation_steps": 1,
+            "total_episodes": steps * batch_size,
+            "num_ppo_epochs": 1,
+            "max_new_tokens_per_turn": 48,
+            "max_episode_tokens": 400,
+            "learning_rate": 1e-3,
+            "save_steps": save_steps,
+            "eval_steps": 1000,
+            "progress_bar": False,
+            "save_trajectories": True,
+            "seed": 1,
+            **ppo,
+        }
+    )
+    policy = build_policy(world.tok, TinyModelConfig(**TINY_MODEL))
+    trainer = PPOTrainer(
+        args,
+        world.tok,
+        policy,
+        None,
+        None,
+        world.task.splits["train"],
+        reward_funcs=default_rubric(),
+        environment=factory,
+        callbacks=callbacks,
+    )
+    trainer.generator.forcing = SearchThenAnswer(world.tok, envs, batch_size)
+    return trainer
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    lines = (run_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
+    return [json.loads(line) for line in lines if line.strip()]
+
+
+def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
+    t0 = time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - t0
