@@ -116,6 +116,8 @@ def main() -> None:
         "docs": args.docs,
         "k": k,
         "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cpu",
+        # Shared machines: record how busy the CPUs were, since latency figures depend on it.
+        "load_avg_1m_start": round(os.getloadavg()[0], 2),
     }
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -228,6 +230,7 @@ def main() -> None:
             proc.terminate()
             proc.wait(timeout=10)
 
+    out["load_avg_1m_end"] = round(os.getloadavg()[0], 2)
     targets = {
         "wrapper_vs_bm25s": (">=", 0.9),
         "vs_rank_bm25": (">=", 100),
@@ -252,7 +255,7 @@ def main() -> None:
         ("http_single_p50_ms", out["http_single_p50_ms"], "<= 2"),
         ("http_single_p99_ms", out["http_single_p99_ms"], ""),
     ]
-    print(f"\nsearch benchmark: {args.docs} docs, k={k}, {out['machine']}")
+    print(f"\nsearch benchmark: {args.docs} docs, k={k}, {out['machine']}, load {out['load_avg_1m_start']}")
     print(f"{'measure':32s} {'value':>12s}  target")
     for name, value, target in rows_out:
         print(f"{name:32s} {value:>12}  {target}")

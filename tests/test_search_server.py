@@ -157,7 +157,7 @@ _bodies = st.one_of(
 )
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(body=_bodies, path=st.sampled_from(["/retrieve", "/batch_search", "/search"]))
 def test_random_bodies_never_get_5xx(served, body, path):
     server, _, _ = served

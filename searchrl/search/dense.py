@@ -10,6 +10,7 @@ Query encoding dominates the cost on CPU, so the whole batch is encoded in one c
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 
@@ -40,10 +41,17 @@ def resolve_model_path(model_path: str | os.PathLike | None = None) -> Path:
 
 
 def load_encoder(model_path: str | os.PathLike | None = None, device: str = "cpu"):
-    """A SentenceTransformer loaded from a local directory only."""
+    """A SentenceTransformer loaded from a local directory only (once per process per directory)."""
+    return _cached_encoder(str(resolve_model_path(model_path).resolve()), device)
+
+
+@functools.lru_cache(maxsize=4)
+def _cached_encoder(path: str, device: str):
+    # Loading costs seconds; building an index and then opening it, or opening two indexes built
+    # with the same model, should pay it once. Encoding does not mutate the model.
     from sentence_transformers import SentenceTransformer
 
-    return SentenceTransformer(str(resolve_model_path(model_path)), device=device, local_files_only=True)
+    return SentenceTransformer(path, device=device, local_files_only=True)
 
 
 def encode(encoder, texts: list[str], batch_size: int = 64) -> np.ndarray:
