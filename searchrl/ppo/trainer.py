@@ -444,6 +444,9 @@ class PPOTrainer:
         self.data_epoch = 0
         self.data_offset = 0
         self.last_good_checkpoint: Path | None = None
+        # A checkpoint written after step N holds weights no rollout has tested yet: step N+1's metrics
+        # are the first to measure them. It becomes the rollback target only when that check passes.
+        self.unverified_checkpoint: Path | None = None
         self.last_metrics: dict[str, float] = {}
         self.rollbacks = 0  # collapse-guard rollbacks so far (checkpointed, so a resumed run keeps count)
         self.lr_scale = 1.0  # product of the guard's learning-rate cuts, re-applied after every load
@@ -823,7 +826,7 @@ class PPOTrainer:
             (p for p in self.run.checkpoints.glob("step-*") if (p / "trainer_state.json").exists()),
             key=lambda p: int(p.name.split("-")[1]),
         )
-        protected = {keep, self.last_good_checkpoint}
+        protected = {keep, self.last_good_checkpoint, self.unverified_checkpoint}
         for old in done[: max(0, len(done) - limit)]:
             if old not in protected:
                 shutil.rmtree(old, ignore_errors=True)
@@ -900,11 +903,18 @@ class PPOTrainer:
                 if a.eval_steps and self.eval_rows and self.global_step % a.eval_steps == 0:
                     metrics.update(self.evaluate())
                 rollback = a.collapse_guard and self._collapse_check(metrics)
+                if not rollback and self.unverified_checkpoint is not None:
+                    # This step's rollouts came from the unverified weights and passed the guard.
+                    self.last_good_checkpoint, self.unverified_checkpoint = self.unverified_checkpoint, None
                 append_jsonl(self.run.metrics, metrics)
                 self._callback("on_log", logs=metrics)
                 self._callback("on_step_end")
                 if not rollback and a.save_steps and self.global_step % a.save_steps == 0:
-                    self.last_good_checkpoint = self.save_checkpoint()
+                    saved = self.save_checkpoint()
+                    if a.collapse_guard:
+                        self.unverified_checkpoint = saved
+                    else:
+                        self.last_good_checkpoint = saved
                 progress.update(
                     task,
                     completed=self.global_step,
@@ -938,6 +948,7 @@ class PPOTrainer:
         failed_step = self.global_step
         rollbacks, lr_scale = self.rollbacks + 1, self.lr_scale * self.args.collapse_lr_decay
         self.load_checkpoint(self.last_good_checkpoint)
+        self.unverified_checkpoint = None  # its weights produced the collapse
         # The checkpoint's scheduler already carries its own lr_scale: scale by the ratio only.
         self._rescale_learning_rates(lr_scale / self.lr_scale)
         self.rollbacks, self.lr_scale = rollbacks, lr_scale

@@ -1,0 +1,168 @@
+"""Whole PPO runs on the tiny world: kill and resume, the collapse guard, and learning on the dev split.
+
+The world, the tiny model and the learnable `LikedTokens` reward come from `test_ppo_trainer.py` (see
+its docstring for why a varying reward is needed with an untrained model).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+from test_ppo_trainer import (
+    QA,
+    TIMING_KEYS,
+    LikedTokens,
+    build_world,
+    env_factory,
+    make_args,
+)
+from transformers import TrainerCallback
+
+from searchrl.ppo.trainer import PPOTrainer
+
+
+class Killed(Exception):
+    """Stands in for SIGKILL: raised from a callback, it stops the run wherever that callback fires."""
+
+
+class KillAt(TrainerCallback):
+    def __init__(self, event: str, step: int):
+        self.event, self.step = event, step
+
+    def _maybe_kill(self, state):
+        if state.global_step == self.step:
+            raise Killed(f"killed at {self.event} of step {self.step}")
+
+    def on_log(self, args, state, control, **kw):
+        if self.event == "on_log":
+            self._maybe_kill(state)
+
+    def on_save(self, args, state, control, **kw):
+        if self.event == "on_save":
+            self._maybe_kill(state)
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    return build_world(tmp_path_factory.mktemp("ppo_world"))
+
+
+def trainer_for(world, out, callbacks=None, rows=QA, **kw) -> PPOTrainer:
+    base = dict(total_episodes=16, save_steps=1, num_ppo_epochs=2, learning_rate=3e-3)
+    base.update(kw)
+    args = make_args(out, **base)
+    return PPOTrainer(
+        args,
+        world["tok"],
+        copy.deepcopy(world["policy"]),  # every run starts from the same initial policy (and reference)
+        None,
+        None,
+        rows,
+        reward_funcs=LikedTokens(),
+        environment=env_factory(world),
+        callbacks=callbacks or [],
+    )
+
+
+def read_metrics(out) -> list[dict]:
+    rows = [json.loads(line) for line in (out / "run" / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if not any(t in k for t in TIMING_KEYS)} for r in rows]
+
+
+def test_killed_and_resumed_run_matches_the_uninterrupted_run_exactly(world, tmp_path):
+    # 16 episodes / batch 4 = 4 PPO steps; 4 questions: each step is a whole data epoch, so the data
+    # position crosses epochs and must restore exactly.
+    straight = trainer_for(world, tmp_path / "a")
+    straight.train()
+    reference = read_metrics(tmp_path / "a")
+    assert [r["step"] for r in reference] == [1, 2, 3, 4]
+
+    # Kill 1: right after checkpoint 2 is written. Kill 2: after step 3 is logged, before its checkpoint,
+    # so resume must also drop step 3's line from metrics.jsonl (no duplicate steps).
+    with pytest.raises(Killed):
+        trainer_for(world, tmp_path / "b", callbacks=[KillAt("on_save", 2)]).train()
+    with pytest.raises(Killed):
+        trainer_for(world, tmp_path / "b", callbacks=[KillAt("on_log", 3)]).train(resume=True)
+    assert [r["step"] for r in read_metrics(tmp_path / "b")] == [1, 2, 3]
+    resumed = trainer_for(world, tmp_path / "b")
+    resumed.train(resume=True)
+    assert read_metrics(tmp_path / "b") == reference
+    # The weights agree too, not only the logged numbers.
+    for (name, p), (_, q) in zip(
+        straight.model.named_parameters(), resumed.model.named_parameters(), strict=True
+    ):
+        assert p.equal(q), name
+    # Rollout seeds are per step (seed * 1_000_003 + step), and the generator's own seed is left alone.
+    assert resumed.generator.config.seed == resumed.args.seed
+
+
+def test_rollouts_are_seeded_per_step_through_the_generator_config(world, tmp_path):
+    trainer = trainer_for(world, tmp_path, total_episodes=8)
+    seen = []
+    original = trainer.generator.rollout
+
+    def spy(envs, rows):
+        seen.append(trainer.generator.config.seed)
+        return original(envs, rows)
+
+    trainer.generator.rollout = spy
+    trainer.train()
+    s = trainer.args.seed
+    assert seen == [s * 1_000_003 + 0, s * 1_000_003 + 1]
+
+
+def test_collapse_guard_rolls_back_an_absurd_learning_rate_and_the_run_recovers(world, tmp_path):
+    bounds = dict(collapse_window=1, collapse_entropy_min=1.0, collapse_kl_max=20.0)
+    trainer = trainer_for(
+        world,
+        tmp_path,
+        total_episodes=16,
+        learning_rate=2.0,  # absurd: one step wrecks the policy
+        lr_scheduler_type="constant",
+        collapse_guard=True,
+        collapse_lr_decay=1e-4,
+        collapse_max_rollbacks=2,
+        collapse_format_min=None,  # LikedTokens has no format term
+        collapse_reward_drop=None,
+        **bounds,
+    )
+    trainer.train()
+    rows = read_metrics(tmp_path)
+    fired = [i for i, r in enumerate(rows) if r.get("guard/rollback")]
+    assert fired, "the guard never fired on an lr of 2.0"
+    first = rows[fired[0]]
+    assert "entropy" in first["guard/reason"] or "KL" in first["guard/reason"]
+    assert first["objective/entropy_per_token"] < 1.0 or first["objective/kl"] > 20.0
+    # Rolled back and continued with a lower learning rate, to the end of the run, within bounds.
+    assert trainer.rollbacks == len(fired) <= 2
+    assert trainer.lr_scale == pytest.approx(1e-4 ** len(fired))
+    after = rows[fired[-1] + 1 :]
+    assert after and [r["step"] for r in after][-1] == trainer.num_total_batches
+    for r in after:
+        assert r["objective/entropy_per_token"] >= 1.0 and r["objective/kl"] <= 20.0
+        assert r["lr"] == pytest.approx(2.0 * trainer.lr_scale)
+    assert trainer.global_step == trainer.num_total_batches
+
+
+def test_collapse_guard_stops_after_collapse_max_rollbacks(world, tmp_path):
+    trainer = trainer_for(
+        world,
+        tmp_path,
+        total_episodes=16,
+        learning_rate=2.0,
+        lr_scheduler_type="constant",
+        collapse_guard=True,
+        collapse_window=1,
+        collapse_entropy_min=100.0,  # unreachable: every step "collapses"
+        collapse_kl_max=None,
+        collapse_format_min=None,
+        collapse_reward_drop=None,
+        collapse_max_rollbacks=1,
+    )
+    with pytest.raises(RuntimeError, match="collapse_max_rollbacks=1"):
+        trainer.train()
+    rows = read_metrics(tmp_path)
+    assert sum(1 for r in rows if r.get("guard/rollback")) == 1
+    assert rows[-1]["guard/gave_up"] == 1.0
