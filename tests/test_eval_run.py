@@ -139,7 +139,7 @@ def test_cli_eval_on_a_fixed_checkpoint_is_deterministic(world):
 
 def test_cli_eval_on_an_older_checkpoint_and_a_plain_model_path(world):
     run, root = world["run"], world["root"]
-    older = _invoke("--run", str(run), "--checkpoint", "step-1", "--limit", "3", "--bootstrap", "50")
+    older = _invoke("--run", str(run), "--checkpoint", "step-1", "--limit", "2", "--bootstrap", "50")
     assert older.exit_code == 0, older.output
     assert (run / "eval" / "test-step-1.json").exists()
     out = root / "plain.json"

@@ -116,9 +116,9 @@ def test_report_is_one_self_contained_file_with_plots_tables_and_spans(world, tm
     assert 'src="http' not in text and "src='http" not in text and "<link" not in text
     assert "<script" not in text and "url(" not in text
     images = re.findall(r"src='data:image/png;base64,([A-Za-z0-9+/=]+)'", text)
-    assert len(images) >= 7  # reward, components, held-out EM, KL, entropy, searches, answer length
+    assert len(images) == 8  # reward, components, held-out EM, reward vs EM, KL, entropy, searches, length
     assert all(base64.b64decode(img)[:8] == b"\x89PNG\r\n\x1a\n" for img in images)
-    for title in ("Training reward", "Reward components", "Held-out exact match", "KL and KL coefficient",
+    for title in ("Training reward", "Reward components", "Held-out exact match", "KL and KL coefficient", "Training reward vs held-out EM",
                   "Entropy per action token", "Searches per episode", "Answer length"):  # fmt: skip
         assert f"alt='{title}'" in text
     # Tables: the summary, the eval JSON with CIs by hops, the audit verdicts.

@@ -464,12 +464,17 @@ def evaluate_run(
     limit: int | None = None,
     seed: int = 0,
     n_resamples: int = DEFAULT_BOOTSTRAP,
+    env_config: Any = None,
+    generation_config: GenerationConfig | None = None,
+    rubric: Any = None,
 ) -> tuple[EvalResult, Path]:
     """Evaluate a run's checkpoint (or a plain model folder) on a split; write JSON and trajectories.
 
     The JSON goes to `RUN/eval/<split>-<checkpoint>.json` (or `output`), the trajectories beside it as
     `<same name>.trajectories.jsonl.gz`. Data, index, budgets and rubric come from the run's config
-    unless overridden. Returns the result and the JSON path.
+    unless overridden (`env_config`, `generation_config` and `rubric` replace what the config implies,
+    e.g. to evaluate an SFT model with exactly the environment PPO will use). Returns the result and the
+    JSON path.
     """
     from searchrl.common.io import atomic_write_json
     from searchrl.data.datasets import load_qa
@@ -497,8 +502,8 @@ def evaluate_run(
         )
     tokenizer = load_tokenizer(tok_dir)
     policy = load_policy(model_dir)
-    env_cfg = run_env_config(run_dir, config)
-    gen_cfg = (
+    env_cfg = env_config if env_config is not None else run_env_config(run_dir, config)
+    gen_cfg = generation_config or (
         generation_config_from_ppo(config)
         if config is not None
         else GenerationConfig(max_new_tokens_per_turn=64, max_episode_tokens=env_cfg.max_total_tokens)
@@ -509,7 +514,7 @@ def evaluate_run(
         rows,
         lambda: SearchEnvironment(backend, env_cfg, tokenizer=tokenizer),
         gen_cfg,
-        rubric=_run_rubric(config),
+        rubric=rubric if rubric is not None else _run_rubric(config),
         batch_size=batch_size,
         seed=seed,
         n_resamples=n_resamples,

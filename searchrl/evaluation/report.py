@@ -25,15 +25,19 @@ from searchrl.common.io import atomic_write_text
 from searchrl.evaluation.audit import AuditReport, audit_run, read_metrics
 from searchrl.rollout.trajectory import Trajectory, read_trajectories
 
-# Plots: (title, y label, [(metric key, legend label)]). Missing keys are skipped; a plot with no data is
-# left out rather than drawn empty.
-PLOTS: tuple[tuple[str, str, tuple[tuple[str, str], ...]], ...] = (
-    ("Training reward", "score", (("objective/scores", "total score"),)),
-    ("Held-out exact match", "exact match", (("eval/exact_match", "dev EM"), ("eval/f1", "dev F1"))),
-    ("Entropy per action token", "nats", (("objective/entropy_per_token", "entropy / token"),)),
-    ("Searches per episode", "tool calls", (("tools/calls_per_episode", "calls / episode"),)),
-    ("Answer length", "words", (("answer/length_words", "answer words"),)),
-)
+# Line plots: title -> (y label, [(metric key, legend label)]). Missing keys are skipped; a plot with no
+# data is left out rather than drawn empty.
+LINE_PLOTS: dict[str, tuple[str, tuple[tuple[str, str], ...]]] = {
+    "Training reward": ("score", (("objective/scores", "total score"),)),
+    # The reward-hacking signature in one picture: the proxy rising while the gold metric does not.
+    "Training reward vs held-out EM": (
+        "value",
+        (("objective/scores", "training score"), ("eval/exact_match", "dev EM")),
+    ),
+    "Entropy per action token": ("nats", (("objective/entropy_per_token", "entropy / token"),)),
+    "Searches per episode": ("tool calls", (("tools/calls_per_episode", "calls / episode"),)),
+    "Answer length": ("words", (("answer/length_words", "answer words"),)),
+}
 
 CSS = """
 body { font-family: -apple-system, Segoe UI, Helvetica, Arial, sans-serif; margin: 2em auto; max-width: 1100px;
@@ -179,14 +183,22 @@ def heldout_plot(metrics: Sequence[dict[str, Any]], evals: Sequence[dict[str, An
 
 
 def build_plots(metrics: Sequence[dict[str, Any]], evals: Sequence[dict[str, Any]]) -> list[tuple[str, str]]:
-    """(title, base64 PNG) of every plot that has data."""
+    """(title, base64 PNG) of every plot that has data, in reading order."""
+
+    def line(title: str) -> tuple[str, str | None]:
+        ylabel, keys = LINE_PLOTS[title]
+        return title, line_plot(metrics, title, ylabel, keys)
+
     made: list[tuple[str, str | None]] = [
-        ("Training reward", line_plot(metrics, *PLOTS[0][:2], PLOTS[0][2])),
+        line("Training reward"),
         ("Reward components", reward_components_plot(metrics)),
         ("Held-out exact match", heldout_plot(metrics, evals)),
+        line("Training reward vs held-out EM"),
         ("KL and KL coefficient", kl_plot(metrics)),
+        line("Entropy per action token"),
+        line("Searches per episode"),
+        line("Answer length"),
     ]
-    made += [(title, line_plot(metrics, title, ylabel, keys)) for title, ylabel, keys in PLOTS[2:]]
     return [(t, png) for t, png in made if png]
 
 
