@@ -65,6 +65,12 @@ DEFAULT_SYSTEM_PROMPT_CHAT = (
     f"When you know the answer, reply {ANSWER_OPEN}ANSWER [doc_id]{ANSWER_CLOSE}, citing in square brackets "
     "the ids of the documents that support it."
 )
+# Without the template's tool section: one example call stands in for the JSON schema (short prompts).
+DEFAULT_SYSTEM_PROMPT_CHAT_COMPACT = (
+    'Answer the question. To search, write <tool_call>\n{"name": "search", "arguments": {"query": "..."}}\n'
+    f"</tool_call>; you may search more than once. When you know the answer, reply {ANSWER_OPEN}ANSWER "
+    f"[doc_id]{ANSWER_CLOSE}, citing the ids of the documents that support it."
+)
 DEFAULT_SYSTEM_PROMPT_SEARCH_R1 = (
     f"Answer the question. To search, write {SEARCH_OPEN}query{SEARCH_CLOSE}; the results appear between "
     "<information> and </information>. You may search more than once. When you know the answer, write "
@@ -122,6 +128,14 @@ class EnvConfig:
     )
     system_prompt: str | None = field(
         default=None, metadata={"help": "System prompt; empty/None uses the protocol's short default."}
+    )
+    tool_schema_in_prompt: bool = field(
+        default=True,
+        metadata={
+            "help": "Chat protocol: pass the tool JSON schemas to the chat template (which renders them into "
+            "the system turn). False keeps prompts short for tiny models: the system prompt then shows "
+            "one example call instead, and `tools` is empty."
+        },
     )
 
     def __post_init__(self) -> None:
@@ -257,7 +271,7 @@ class SearchEnvironment:
     @property
     def tools(self) -> list[dict[str, Any]]:
         """JSON tool schemas for `apply_chat_template(tools=...)` (chat protocol; `[]` for search_r1)."""
-        if self.config.protocol != "chat":
+        if self.config.protocol != "chat" or not self.config.tool_schema_in_prompt:
             return []
         return self.registry.schemas(self.config.allowed_tools, self.config.limits)
 
@@ -270,9 +284,11 @@ class SearchEnvironment:
     def system_prompt(self) -> str:
         if self.config.system_prompt:
             return self.config.system_prompt
-        return (
-            DEFAULT_SYSTEM_PROMPT_CHAT if self.config.protocol == "chat" else DEFAULT_SYSTEM_PROMPT_SEARCH_R1
-        )
+        if self.config.protocol != "chat":
+            return DEFAULT_SYSTEM_PROMPT_SEARCH_R1
+        if self.config.tool_schema_in_prompt:
+            return DEFAULT_SYSTEM_PROMPT_CHAT
+        return DEFAULT_SYSTEM_PROMPT_CHAT_COMPACT
 
     def reset(self, row: dict[str, Any]) -> list[dict[str, Any]]:
         """Start an episode for `row` (needs `question`; `id` and `golds` are kept) -> [system, user]."""
