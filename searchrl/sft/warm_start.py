@@ -1,0 +1,364 @@
+"""SFT warm start: expert trajectories -> TRL 1.16 `SFTTrainer`, trained on the policy's own tokens only.
+
+What: `warm_start(policy, tokenizer, trajectories, config)` fine-tunes `policy` on demonstrations and
+returns it. Each trajectory becomes one pre-tokenised example: `input_ids` are the trajectory's ids
+exactly (never re-tokenised from text), `labels` copy them where `action_mask` is 1 and are -100
+elsewhere, so the prompt, every observation and the chat-template glue around tool results carry no
+loss, while each action turn, its closing EOS included, is trained.
+
+Why pre-tokenised: the rollout's ids are the contract PPO relies on (token in, token out). Letting the
+trainer render conversations again could drift from them (tool-call JSON, glue), and `assistant_only_loss`
+needs `{% generation %}` markers that the stock template lacks. With `skip_prepare_dataset` TRL's own
+collator pads `input_ids`/`labels` and builds the attention mask; nothing else touches the labels.
+
+CPU: TRL configs default to bf16, which fails on a CPU-only box, so `bf16=False` always, `use_cpu` when
+no accelerator is present, no gradient checkpointing (slower, and pointless for a tiny model).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from datasets import Dataset
+from transformers import PreTrainedModel, PreTrainedTokenizerBase, TrainerCallback
+
+from searchrl.common.config import ConfigError
+from searchrl.common.io import atomic_write_json
+from searchrl.env.environment import EnvConfig, SearchEnvironment
+from searchrl.env.protocol import parse_turn
+from searchrl.models.tiny import TinyModelConfig
+from searchrl.rollout.chat import render_conversation
+from searchrl.rollout.generator import GenerationConfig, HFGenerator
+from searchrl.rollout.trajectory import Trajectory
+from searchrl.sft.expert import ExpertConfig
+
+IGNORE_INDEX = -100
+
+
+@dataclass
+class SFTWarmStartConfig:
+    """Optimisation settings of the SFT warm start (fields become TRL `SFTConfig` arguments)."""
+
+    output_dir: str = field(
+        default="", metadata={"help": "Trainer scratch directory; empty = a temporary directory."}
+    )
+    learning_rate: float = field(default=1e-3, metadata={"help": "Peak learning rate (AdamW)."})
+    num_train_epochs: float = field(default=3.0, metadata={"help": "Passes over the demonstrations."})
+    max_steps: int = field(default=-1, metadata={"help": "Optimizer steps; > 0 overrides num_train_epochs."})
+    per_device_train_batch_size: int = field(default=8, metadata={"help": "Trajectories per micro-batch."})
+    gradient_accumulation_steps: int = field(
+        default=1, metadata={"help": "Micro-batches per optimizer step."}
+    )
+    warmup_ratio: float = field(default=0.05, metadata={"help": "Share of steps with linear LR warm-up."})
+    lr_scheduler_type: str = field(
+        default="cosine", metadata={"help": "transformers scheduler name: cosine, linear, constant, ..."}
+    )
+    weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay."})
+    max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient clipping norm."})
+    max_length: int = field(
+        default=2048,
+        metadata={"help": "Longest example in tokens; longer trajectories are cut at the end (keep_start)."},
+    )
+    logging_steps: int = field(default=1, metadata={"help": "Log the loss every this many steps."})
+    seed: int = field(default=0, metadata={"help": "Seed of data order and any random state."})
+    num_threads: int = field(
+        default=0, metadata={"help": "torch CPU threads while training; 0 leaves torch's setting alone."}
+    )
+
+    def __post_init__(self) -> None:
+        if self.learning_rate <= 0 or not math.isfinite(self.learning_rate):
+            raise ConfigError(f"learning_rate: must be a positive number, got {self.learning_rate}")
+        if self.per_device_train_batch_size < 1 or self.gradient_accumulation_steps < 1:
+            raise ConfigError("per_device_train_batch_size and gradient_accumulation_steps must be >= 1")
+        if self.max_steps <= 0 and self.num_train_epochs <= 0:
+            raise ConfigError(
+                "set num_train_epochs > 0 or max_steps > 0: there is nothing to train otherwise"
+            )
+        if self.max_length < 8:
+            raise ConfigError(f"max_length: must be >= 8 tokens, got {self.max_length}")
+        if not 0.0 <= self.warmup_ratio < 1.0:
+            raise ConfigError(f"warmup_ratio: must be in [0, 1), got {self.warmup_ratio}")
+
+
+@dataclass
+class SFTOutcome:
+    """What a warm start produced: the tuned policy, the logged losses and the trainer's final metrics."""
+
+    policy: PreTrainedModel
+    losses: list[float]
+    metrics: dict[str, float]
+    num_examples: int
+    trained_tokens: int
+
+
+def sft_example(traj: Trajectory, max_length: int | None = None) -> dict[str, list[int]]:
+    """One pre-tokenised example: the trajectory's ids, labels only on action tokens (-100 elsewhere)."""
+    traj.validate()
+    ids = [int(i) for i in traj.input_ids]
+    labels = [tok if m else IGNORE_INDEX for tok, m in zip(ids, traj.action_mask, strict=True)]
+    if max_length is not None and len(ids) > max_length:
+        ids, labels = ids[:max_length], labels[:max_length]
+    return {"input_ids": ids, "labels": labels}
+
+
+def sft_dataset(trajectories: Sequence[Trajectory], max_length: int | None = None) -> Dataset:
+    """A `datasets.Dataset` of `sft_example`s; trajectories without a trainable token are refused."""
+    examples = []
+    for traj in trajectories:
+        example = sft_example(traj, max_length)
+        if all(label == IGNORE_INDEX for label in example["labels"]):
+            raise ValueError(
+                f"trajectory {traj.id} has no action token within max_length={max_length}: nothing to train; "
+                "raise max_length or drop the trajectory"
+            )
+        examples.append(example)
+    if not examples:
+        raise ValueError("warm start needs at least one trajectory; generate demonstrations first")
+    return Dataset.from_list(examples)
+
+
+class _LossRecorder(TrainerCallback):
+    """Collects the training loss at every logging step."""
+
+    def __init__(self) -> None:
+        self.losses: list[float] = []
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, float] | None = None, **kw: Any):
+        if logs and "loss" in logs:
+            self.losses.append(float(logs["loss"]))
+
+
+def _sft_config(config: SFTWarmStartConfig, output_dir: str) -> Any:
+    from trl import SFTConfig
+
+    on_cpu = not torch.cuda.is_available()
+    return SFTConfig(
+        output_dir=output_dir,
+        learning_rate=config.learning_rate,
+        num_train_epochs=config.num_train_epochs,
+        max_steps=config.max_steps,
+        per_device_train_batch_size=config.per_device_train_batch_size,
+        gradient_accumulation_steps=config.gradient_accumulation_steps,
+        warmup_steps=config.warmup_ratio,  # a float in [0, 1) is a share of the steps (transformers 5)
+        lr_scheduler_type=config.lr_scheduler_type,
+        weight_decay=config.weight_decay,
+        max_grad_norm=config.max_grad_norm,
+        logging_steps=config.logging_steps,
+        seed=config.seed,
+        data_seed=config.seed,
+        bf16=False,  # TRL's default bf16=True raises on a CPU-only box
+        fp16=False,
+        use_cpu=on_cpu,
+        activation_checkpointing=False,  # TRL defaults to on; pointless and slow for tiny models
+        report_to="none",
+        save_strategy="no",
+        disable_tqdm=True,
+        # Our examples are already ids + labels: no re-tokenising, no truncation, no label rebuilding.
+        dataset_kwargs={"skip_prepare_dataset": True},
+        max_length=None,
+        packing=False,
+        padding_free=False,
+        dataloader_num_workers=0,
+    )
+
+
+def make_sft_trainer(
+    policy: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    dataset: Dataset,
+    config: SFTWarmStartConfig,
+    output_dir: str,
+    callbacks: list[Any] | None = None,
+) -> Any:
+    """TRL's SFTTrainer over a pre-tokenised dataset (`sft_dataset`), CPU-safe settings."""
+    from trl import SFTTrainer
+
+    os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")  # TRL trainers ping the hub otherwise
+    return SFTTrainer(
+        model=policy,
+        args=_sft_config(config, output_dir),
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        callbacks=callbacks,
+    )
+
+
+def run_sft(
+    policy: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    trajectories: Sequence[Trajectory],
+    config: SFTWarmStartConfig | None = None,
+) -> SFTOutcome:
+    """Fine-tune `policy` in place on `trajectories` with TRL's SFTTrainer; see the module docstring."""
+    config = config or SFTWarmStartConfig()
+    dataset = sft_dataset(trajectories, config.max_length)
+    threads = torch.get_num_threads()
+    if config.num_threads > 0:
+        torch.set_num_threads(config.num_threads)
+    recorder = _LossRecorder()
+    policy.train()
+    with tempfile.TemporaryDirectory(prefix="searchrl-sft-") as scratch:
+        trainer = make_sft_trainer(
+            policy, tokenizer, dataset, config, config.output_dir or scratch, callbacks=[recorder]
+        )
+        try:
+            result = trainer.train()
+        finally:
+            torch.set_num_threads(threads)
+    tuned = trainer.model
+    tuned.eval()
+    trained_tokens = sum(sum(1 for x in ex if x != IGNORE_INDEX) for ex in dataset["labels"])
+    return SFTOutcome(
+        policy=tuned,
+        losses=recorder.losses,
+        metrics={k: float(v) for k, v in result.metrics.items() if isinstance(v, int | float)},
+        num_examples=len(dataset),
+        trained_tokens=trained_tokens,
+    )
+
+
+def warm_start(
+    policy: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    trajectories: Sequence[Trajectory],
+    config: SFTWarmStartConfig | None = None,
+) -> PreTrainedModel:
+    """SFT `policy` on expert `trajectories` (observation and prompt tokens masked); returns the policy."""
+    return run_sft(policy, tokenizer, trajectories, config).policy
+
+
+# -- the whole warm start: data in, tuned model out (what `searchrl sft` runs) ---------------------------
+
+
+@dataclass
+class SFTRunConfig:
+    """Everything `searchrl sft` needs besides paths: expert, training, environment and tiny-model shape."""
+
+    expert: ExpertConfig = field(
+        default_factory=ExpertConfig, metadata={"help": "Expert demonstrations (noise knob, k, seed)."}
+    )
+    train: SFTWarmStartConfig = field(
+        default_factory=SFTWarmStartConfig, metadata={"help": "SFTTrainer optimisation settings."}
+    )
+    env: EnvConfig = field(
+        default_factory=EnvConfig, metadata={"help": "The environment the expert acts in."}
+    )
+    model: TinyModelConfig = field(
+        default_factory=TinyModelConfig, metadata={"help": "Shape of the tiny policy built when no --model."}
+    )
+    vocab_size: int = field(default=2048, metadata={"help": "BPE vocabulary of the tiny tokenizer."})
+    split: str = field(
+        default="train", metadata={"help": "Split of --data whose questions are demonstrated."}
+    )
+    limit: int | None = field(default=None, metadata={"help": "Demonstrate only the first N questions."})
+    demo_batch_size: int = field(default=32, metadata={"help": "Rows per batched expert rollout."})
+    eval_questions: int = field(
+        default=50, metadata={"help": "Dev questions for the post-SFT greedy tool-call check; 0 = skip."}
+    )
+
+
+def prompt_texts(env: Any, rows: Sequence[dict[str, Any]], copies: int = 20) -> list[str]:
+    """The rendered system prompt (with the tool schema) repeated, for training the tiny tokenizer.
+
+    Without it the BPE, trained on documents and questions, spells the fixed tool schema in hundreds of
+    byte-level pieces; with it the prompt is about half as long, which halves SFT and rollout cost.
+    """
+    from searchrl.models.tiny import train_tokenizer
+
+    if not rows:
+        return []
+    scratch = train_tokenizer(["searchrl"], vocab_size=300)  # only its chat template is used here
+    system = env.reset(dict(rows[0]))[:1]
+    return [render_conversation(scratch, system, env.tools)] * copies
+
+
+def first_turn_tool_call_rate(trajectories: Sequence[Trajectory]) -> float:
+    """Share of trajectories whose first turn is one or more well-formed, schema-valid tool calls."""
+    if not trajectories:
+        return 0.0
+    good = 0
+    for traj in trajectories:
+        texts = traj.action_texts
+        turn = parse_turn(texts[0] if texts else "")
+        good += bool(turn.tool_calls) and not turn.malformed and all(c.ok for c in turn.tool_calls)
+    return good / len(trajectories)
+
+
+def run_warm_start_pipeline(
+    rows: Sequence[dict[str, Any]],
+    corpus_rows: Sequence[dict[str, Any]],
+    index_dir: str | Path,
+    out_dir: str | Path,
+    config: SFTRunConfig | None = None,
+    model_path: str | Path | None = None,
+    dev_rows: Sequence[dict[str, Any]] = (),
+) -> dict[str, Any]:
+    """Demonstrate `rows` with the expert, SFT on them, save `out_dir/model`; returns a summary dict."""
+    from searchrl.models.tiny import build_policy, load_policy, load_tokenizer, tokenizer_training_texts
+    from searchrl.models.tiny import train_tokenizer as train_bpe
+    from searchrl.rollout.trajectory import write_trajectories
+    from searchrl.search.index import load_index
+    from searchrl.sft.expert import ExpertPolicy
+
+    config = config or SFTRunConfig()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    backend = load_index(index_dir)
+    if model_path is not None:
+        tokenizer, policy = load_tokenizer(model_path), load_policy(model_path)
+    else:
+        probe = SearchEnvironment(backend, config.env)
+        texts = tokenizer_training_texts(corpus_rows, rows) + prompt_texts(probe, rows)
+        tokenizer = train_bpe(texts, vocab_size=config.vocab_size)
+        policy = build_policy(tokenizer, config.model)
+    expert = ExpertPolicy(config.expert)
+    demos: list[Trajectory] = []
+    for start in range(0, len(rows), config.demo_batch_size):
+        chunk = list(rows[start : start + config.demo_batch_size])
+        envs = [SearchEnvironment(backend, config.env, tokenizer=tokenizer) for _ in chunk]
+        demos.extend(expert.demonstrate(policy, tokenizer, envs, chunk))
+    write_trajectories(out / "demonstrations.jsonl.gz", demos)
+    outcome = run_sft(policy, tokenizer, demos, config.train)
+    outcome.policy.save_pretrained(str(out / "model"))
+    tokenizer.save_pretrained(str(out / "model"))
+    kinds: dict[str, int] = {}
+    for d in demos:
+        kinds[str(d.metadata.get("expert_kind"))] = kinds.get(str(d.metadata.get("expert_kind")), 0) + 1
+    summary: dict[str, Any] = {
+        "demonstrations": len(demos),
+        "kinds": kinds,
+        "trained_tokens": outcome.trained_tokens,
+        "first_loss": outcome.losses[0] if outcome.losses else None,
+        "last_loss": outcome.losses[-1] if outcome.losses else None,
+        "model_dir": str(out / "model"),
+    }
+    if dev_rows and config.eval_questions > 0:
+        summary["dev_tool_call_rate"] = dev_tool_call_rate(
+            outcome.policy, tokenizer, backend, config.env, list(dev_rows)[: config.eval_questions]
+        )
+    atomic_write_json(out / "sft_metrics.json", {**summary, "losses": outcome.losses, **outcome.metrics})
+    return summary
+
+
+def dev_tool_call_rate(
+    policy: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    backend: Any,
+    env_config: EnvConfig,
+    rows: Sequence[dict[str, Any]],
+    max_new_tokens: int = 64,
+) -> float:
+    """Greedy first turns on `rows` through the real environment; share that are well-formed tool calls."""
+    one_turn = dataclasses.replace(env_config, max_turns=1)  # only the first turn is judged
+    envs = [SearchEnvironment(backend, one_turn, tokenizer=tokenizer) for _ in rows]
+    generation = GenerationConfig(temperature=0.0, max_new_tokens_per_turn=max_new_tokens)
+    batch = HFGenerator(policy, tokenizer, generation).rollout(envs, list(rows))
+    return first_turn_tool_call_rate(batch.trajectories)
