@@ -262,14 +262,24 @@ class _KVBatch:
         return ids, attn
 
     def prefill(self, prompts: list[list[int]]) -> torch.Tensor:
-        ids, attn_new = self._left_pad(prompts, self.pad_id)
+        """Run the prompts; identical prompts (GRPO-style groups) are computed once and shared."""
+        unique: dict[tuple[int, ...], int] = {}
+        owner = [unique.setdefault(tuple(p), len(unique)) for p in prompts]
+        ids, attn_new = self._left_pad([list(p) for p in unique], self.pad_id)
         self.cache = DynamicCache(config=self.model.config)
         if all(type(layer) is DynamicLayer for layer in self.cache.layers):
             self.cache.layers = [_GrowingLayer() for _ in self.cache.layers]
-        empty = torch.zeros((len(prompts), 0), dtype=torch.long)
-        logits, self.attn = self._forward(
-            ids, attn_new, self.cache, empty, torch.zeros(len(prompts), dtype=torch.long)
+        empty = torch.zeros((len(unique), 0), dtype=torch.long)
+        logits, attn = self._forward(
+            ids, attn_new, self.cache, empty, torch.zeros(len(unique), dtype=torch.long)
         )
+        if len(unique) < len(prompts):
+            index = torch.tensor(owner, dtype=torch.long)
+            dev_index = index.to(self.device)
+            for layer in self.cache.layers:
+                _set_kv(layer, layer.keys[dev_index], layer.values[dev_index])
+            logits, attn, attn_new = logits[dev_index], attn[index], attn_new[index]
+        self.attn = attn
         self.next_pos = attn_new.sum(dim=1)
         return logits
 
