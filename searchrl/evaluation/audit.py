@@ -361,10 +361,15 @@ def spearman(a: Sequence[float], b: Sequence[float]) -> float:
     return float(np.corrcoef(x, y)[0, 1])
 
 
+# Breakdown names under which a learned scorer's value is logged (weighted, or as a weight-0 metric).
+JUDGE_KEYS = ("reward_model", "judge", "model_judge")
+
+
 def _judge_score(traj: Trajectory) -> float | None:
-    for key in ("reward_model", "judge", "metric/reward_model", "metric/judge"):
-        if key in traj.reward_breakdown:
-            return float(traj.reward_breakdown[key])
+    for key in JUDGE_KEYS:
+        for name in (key, f"metric/{key}"):
+            if name in traj.reward_breakdown:
+                return float(traj.reward_breakdown[name])
     return None
 
 

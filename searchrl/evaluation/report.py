@@ -60,6 +60,8 @@ th { background: #f4f4f4; }
 .span.observation { background: #fff1c7; color: #5c4400; }
 .span.glue { background: #eee; color: #999; }
 .legend span { margin-right: 1em; }
+table.audit td:nth-child(4), table.audit td:nth-child(6) { text-align: left; }
+details.prompt summary { cursor: pointer; color: #555; }
 .meta { color: #555; font-size: .85em; }
 """
 
@@ -222,10 +224,11 @@ def _fmt(v: Any) -> str:
     return html.escape(str(v))
 
 
-def _table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+def _table(header: Sequence[str], rows: Sequence[Sequence[Any]], css_class: str = "") -> str:
     head = "".join(f"<th>{html.escape(str(h))}</th>" for h in header)
     body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row in rows)
-    return f"<table><tr>{head}</tr>{body}</table>"
+    cls = f" class='{css_class}'" if css_class else ""
+    return f"<table{cls}><tr>{head}</tr>{body}</table>"
 
 
 def eval_table(e: dict[str, Any]) -> str:
@@ -283,7 +286,9 @@ def audit_table(report: AuditReport) -> str:
                 evidence,
             ]
         )
-    return _table(["check", "verdict", "value", "threshold", "flagged", "evidence (trajectory ids)"], rows)
+    return _table(
+        ["check", "verdict", "value", "threshold", "flagged", "evidence (trajectory ids)"], rows, "audit"
+    )
 
 
 # -- trajectories -------------------------------------------------------------------------------------
@@ -316,7 +321,10 @@ def render_trajectory(traj: Trajectory, tokenizer: Any = None) -> str:
         if span.kind == "action" and traj.logprobs:
             lps = traj.logprobs[span.start : span.end]
             title += f", mean logprob {sum(lps) / max(1, len(lps)):.2f}"
-        pieces.append(f'<span class="span {kind}" title="{html.escape(title)}">{html.escape(text)}</span>')
+        piece = f'<span class="span {kind}" title="{html.escape(title)}">{html.escape(text)}</span>'
+        if kind == "prompt":  # long (system prompt + tool schemas) and the same in every episode: folded
+            piece = f"<details class='prompt'><summary>prompt · {n} tokens</summary>{piece}</details>"
+        pieces.append(piece)
         cursor = max(cursor, span.end)
     reward = "" if traj.reward is None else f"{traj.reward:.3f}"
     breakdown = ", ".join(
@@ -426,8 +434,7 @@ def write_report(
     plots = build_plots(metrics, [e for _, e in evals])
     if plots:
         figs = "".join(
-            f"<figure><img class='plot' alt='{html.escape(t)}' src='data:image/png;base64,{png}'>"
-            f"<figcaption>{html.escape(t)}</figcaption></figure>"
+            f"<figure><img class='plot' alt='{html.escape(t)}' src='data:image/png;base64,{png}'></figure>"
             for t, png in plots
         )
         parts.append(f"<div class='plots'>{figs}</div>")
