@@ -124,20 +124,24 @@ class SearchThenAnswer:
     factory appends to, and a rollout's rows are the last `batch_size` environments made.
     """
 
-    def __init__(self, tok: Any, envs: list[Any], batch_size: int, wrong_every: int = 2) -> None:
+    def __init__(
+        self, tok: Any, envs: list[Any], batch_size: int, wrong_every: int = 2, searches: int = 1
+    ) -> None:
         self.tok = tok
         self.envs = envs
         self.batch_size = batch_size
         self.wrong_every = wrong_every
+        self.searches = searches  # searches before the answer (each one a batched backend call)
         self._ids: dict[tuple[int, int], list[int]] = {}
 
     def _text(self, env: Any, row: int, turn: int) -> str | None:
         from searchrl.data.synthetic import expert_queries
         from searchrl.env.protocol import format_answer, format_tool_call
 
-        if turn == 0:
-            return format_tool_call("search", {"query": expert_queries(env.row)[0], "k": 2})
-        if turn == 1:
+        if turn < self.searches:
+            query = expert_queries(env.row)[0] + ("" if turn == 0 else f" {turn}")
+            return format_tool_call("search", {"query": query, "k": 2})
+        if turn == self.searches:
             cited = [rec.doc_ids[0] for rec in env.records if rec.doc_ids][:1]
             wrong = self.wrong_every and row % self.wrong_every == 1
             return format_answer("unknown" if wrong else str(env.row["golds"][0]), cited)
@@ -165,6 +169,7 @@ def make_trainer(
     callbacks: list | None = None,
     batch_size: int = 4,
     save_steps: int = 1,
+    searches: int = 1,
     **ppo: Any,
 ):
     """A PPOTrainer on the tiny world with `SearchThenAnswer` forcing; `steps` PPO steps of `batch_size`."""
@@ -213,7 +218,7 @@ def make_trainer(
         environment=factory,
         callbacks=callbacks,
     )
-    trainer.generator.forcing = SearchThenAnswer(world.tok, envs, batch_size)
+    trainer.generator.forcing = SearchThenAnswer(world.tok, envs, batch_size, searches=searches)
     return trainer
 
 
