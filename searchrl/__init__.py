@@ -14,6 +14,7 @@ for _name, _value in {
     "HF_HUB_DISABLE_TELEMETRY": "1",
     "TRL_EXPERIMENTAL_SILENCE": "1",
     "TOKENIZERS_PARALLELISM": "false",
+    "HF_HUB_DISABLE_PROGRESS_BARS": "1",
 }.items():
     os.environ.setdefault(_name, _value)
 

@@ -25,6 +25,8 @@ COMMAND_MODULES: list[str] = [
     "searchrl.evaluation.commands",
     "searchrl.viewer.commands",
     "searchrl.grpo.commands",
+    "searchrl.demo.commands",
+    "searchrl.ppo.commands",
 ]
 
 

@@ -1,0 +1,1 @@
+"""searchrl.demo: the offline demo, end to end (`searchrl demo`, what `make demo` runs)."""
