@@ -165,3 +165,16 @@ def test_bad_parameters_and_unfinished_index_have_clear_errors(tmp_path):
     (tmp_path / "ok" / "meta.json").unlink()
     with pytest.raises(IndexFormatError, match="no meta.json"):
         load_index(tmp_path / "ok")
+
+
+def test_overwrite_never_deletes_a_directory_that_is_not_an_index(tmp_path):
+    corpus = write_corpus(tmp_path / "c.jsonl")
+    build_index(corpus, tmp_path / "idx")
+    rebuilt = build_index(corpus, tmp_path / "idx", overwrite=True, k1=1.1)
+    assert read_meta(tmp_path / "idx")["params"]["k1"] == 1.1 and rebuilt.search(["rivers"], 1)[0]
+    precious = tmp_path / "home"
+    precious.mkdir()
+    (precious / "thesis.tex").write_text("years of work")
+    with pytest.raises(IndexFormatError, match=r"not part of an index \(thesis.tex\)"):
+        build_index(corpus, precious, overwrite=True)
+    assert (precious / "thesis.tex").read_text() == "years of work"

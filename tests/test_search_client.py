@@ -52,6 +52,7 @@ def test_every_protocol_returns_what_the_index_returns(index, server, protocol):
     # Search-R1 and FlashRAG send the whole batch in one request; SkyRL's format allows one query.
     assert client.stats["requests"] == (len(QUERIES) if protocol == "skyrl" else 1)
     assert client.fingerprint == backend.fingerprint  # read from the server's /health
+    assert HTTPBackend(server.url, fingerprint="pinned").fingerprint == "pinned"
 
 
 def test_full_endpoint_url_is_accepted(server):

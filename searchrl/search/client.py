@@ -77,6 +77,7 @@ class HTTPBackend:
         backoff_max: float = 5.0,
         token: str | None = None,
         seed: int | None = None,
+        fingerprint: str | None = None,
     ):
         if protocol not in PROTOCOL_PATHS:
             raise ValueError(f"unknown protocol {protocol!r}; choose one of {', '.join(PROTOCOL_PATHS)}")
@@ -95,7 +96,8 @@ class HTTPBackend:
         self._rng_lock = threading.Lock()
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._client = httpx.Client(headers=headers, timeout=self._timeout(read_timeout))
-        self._fingerprint: str | None = None
+        # Pass `fingerprint` to pin the cache key; otherwise it is read from the server's /health.
+        self._fingerprint: str | None = fingerprint
         self.stats = {"requests": 0, "retries": 0, "failures": 0}
 
     @staticmethod

@@ -26,6 +26,7 @@ from searchrl.search.dense import DenseBackend, resolve_model_path
 
 INDEX_FORMAT_VERSION = 1
 BACKENDS = ("bm25", "dense")
+_INDEX_ENTRIES = {"meta.json", "bm25", "docs", "dense.faiss"}
 
 
 class IndexFormatError(ValueError):
@@ -85,6 +86,13 @@ def build_index(
         if not overwrite:
             raise IndexFormatError(
                 f"{out_dir}: output directory is not empty; pass overwrite=True (--overwrite)"
+            )
+        foreign = sorted(p.name for p in out_dir.iterdir() if p.name not in _INDEX_ENTRIES)
+        if foreign:
+            # Never delete what we did not write: --overwrite on the wrong directory must be harmless.
+            raise IndexFormatError(
+                f"{out_dir}: holds files that are not part of an index ({', '.join(foreign[:5])}); "
+                f"refusing to overwrite it, choose another --out"
             )
         shutil.rmtree(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
