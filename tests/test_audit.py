@@ -317,3 +317,18 @@ def test_spearman_is_one_against_itself_and_bounded(xs):
     if len(set(xs)) > 1:
         assert rho == pytest.approx(1.0)
         assert -1.0 - 1e-9 <= spearman(xs, list(reversed(xs))) <= 1.0 + 1e-9
+
+
+def test_audit_cli_on_chosen_trajectory_files(tmp_path):
+    run = tmp_path / "run"
+    _write_run(run, [0.1, 0.2], {}, population())
+    hacked, planted = plant(10, stuff)
+    eval_file = run / "eval" / "test-step-2.trajectories.jsonl.gz"
+    write_trajectories(eval_file, hacked)
+    result = CliRunner().invoke(app, ["audit", "--run", str(run), "--trajectories", str(eval_file)])
+    assert result.exit_code == 0, result.output
+    saved = json.loads((run / "audit.json").read_text())
+    stuffing = next(c for c in saved["checks"] if c["name"] == "answer_stuffing")
+    assert stuffing["verdict"] == "fail" and sorted(stuffing["evidence"]) == sorted(planted)
+    missing = CliRunner().invoke(app, ["audit", "--run", str(run), "--trajectories", str(tmp_path / "x.gz")])
+    assert missing.exit_code != 0 and "trajectory file not found" in missing.output

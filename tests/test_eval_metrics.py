@@ -195,3 +195,32 @@ def test_bootstrap_interval_covers_the_true_mean_about_95_percent_of_the_time():
         for lo, hi in (bootstrap_ci(rng.binomial(1, 0.5, 60).astype(float), 300, seed=i) for i in range(200))
     )
     assert 0.88 <= covered / 200 <= 0.99
+
+
+STATUSES = st.sampled_from(["ok", "ok", "timeout", "unavailable", "malformed"])
+TRAJ = st.builds(
+    lambda i, ans, hops, calls, term: traj(f"t{i}", ans, ["Velmora"], hops, calls, termination=term),
+    st.integers(0, 10**6),
+    st.sampled_from([None, "Velmora", "velmora.", "Quessa", "the Velmora", ""]),
+    st.sampled_from([1, 2, None]),
+    st.lists(STATUSES, max_size=4),
+    st.sampled_from([None, "token_budget", "max_turns"]),
+)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(TRAJ, min_size=1, max_size=12))
+def test_summary_invariants_on_random_trajectory_sets(ts):
+    s = summarise(ts, n_resamples=50)
+    assert s["n"] == len(ts) == sum(g["n"] for g in s["by_hops"].values())
+    for name in ("exact_match", "f1", "citation_support", "format_valid", "tool_failure_rate"):
+        assert 0.0 <= s[name] <= 1.0
+        lo, hi = s["ci95"][name]
+        assert lo <= hi
+    assert s["exact_match"] <= s["f1"] + 1e-12  # an exact match is an F1 of 1
+    assert sum(s["termination"].values()) == pytest.approx(1.0)
+    calls = sum(len(t.tool_calls) for t in ts)
+    assert s["searches_per_question"] == pytest.approx(calls / len(ts))
+    # Every group's mean, weighted by its size, gives back the overall mean.
+    weighted = sum(g["exact_match"] * g["n"] for g in s["by_hops"].values()) / len(ts)
+    assert weighted == pytest.approx(s["exact_match"])

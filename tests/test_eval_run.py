@@ -171,3 +171,17 @@ def test_cli_eval_explains_what_is_missing(world, tmp_path):
     assert nothing.exit_code != 0 and "config.yaml" in nothing.output
     neither = _invoke()
     assert neither.exit_code != 0 and "--model" in neither.output
+
+
+def test_a_recorded_env_yaml_wins_over_what_the_ppo_config_implies(world, tmp_path):
+    from searchrl.env.environment import EnvConfig
+    from searchrl.evaluation.evaluate import load_run_config, run_env_config
+
+    cfg = load_run_config(world["run"])
+    implied = run_env_config(world["run"], cfg)
+    assert (implied.max_turns, implied.max_tool_calls, implied.max_total_tokens) == (3, 3, 600)
+    run = tmp_path / "run"
+    run.mkdir()
+    save_config(EnvConfig(max_turns=2, topk=2), run / "env.yaml")
+    recorded = run_env_config(run, cfg)
+    assert (recorded.max_turns, recorded.topk) == (2, 2)

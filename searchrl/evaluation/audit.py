@@ -638,13 +638,25 @@ def _reward_config_of(run_dir: Path) -> dict[str, Any] | None:
 
 
 def audit_run(
-    run_dir: str | Path, last_steps: int | None = 10, thresholds: Thresholds | None = None
+    run_dir: str | Path,
+    last_steps: int | None = 10,
+    thresholds: Thresholds | None = None,
+    trajectory_files: Sequence[str | Path] | None = None,
 ) -> AuditReport:
-    """Audit a run directory: its latest training trajectories, its held-out history and its reward config."""
+    """Audit a run directory: its latest training trajectories, its held-out history and its reward config.
+
+    `trajectory_files` audits those files instead of the training ones (e.g. an eval's
+    `RUN/eval/test-step-N.trajectories.jsonl.gz`, whose episodes know their hop counts).
+    """
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise FileNotFoundError(f"{run_dir}: run directory not found")
-    files = run_trajectory_files(run_dir, last_steps)
+    files = (
+        [Path(f) for f in trajectory_files] if trajectory_files else run_trajectory_files(run_dir, last_steps)
+    )
+    for f in files:
+        if not f.exists():
+            raise FileNotFoundError(f"{f}: trajectory file not found")
     trajs = [t for f in files for t in read_trajectories(f)]
     if not trajs and not (run_dir / "metrics.jsonl").exists():
         raise FileNotFoundError(

@@ -171,6 +171,13 @@ def audit_command(
         bool,
         typer.Option("--strict", help="Exit 1 when any check fails (default: always 0, it is a report)."),
     ] = False,
+    trajectories: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--trajectories",
+            help="Audit these .jsonl.gz files instead of the training ones (e.g. RUN/eval/*.trajectories.jsonl.gz).",
+        ),
+    ] = None,
 ) -> None:
     """Check a run for reward hacking: each check with its threshold, verdict and evidence (trajectory ids)."""
     from rich.console import Console
@@ -179,7 +186,7 @@ def audit_command(
     from searchrl.evaluation.audit import audit_run
 
     try:
-        report = audit_run(run, last_steps=last_steps or None)
+        report = audit_run(run, last_steps=last_steps or None, trajectory_files=trajectories)
     except FileNotFoundError as e:
         raise typer.BadParameter(str(e)) from None
     path = json_out or run / "audit.json"

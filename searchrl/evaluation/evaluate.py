@@ -554,3 +554,32 @@ def _run_rubric(config: Any) -> Any:
     if config is not None and config.reward_config_path:
         return load_rubric(config.reward_config_path)
     return default_rubric()
+
+
+def evaluate_for_training(
+    trainer: Any, rows: Sequence[dict[str, Any]], seed: int = 0, split: str = "dev"
+) -> dict:
+    """Training-time validation for `PPOTrainer.evaluate` (and GRPO): the offline loop on the trainer's parts.
+
+    Uses the trainer's policy, tokenizer, environment factory, generation limits and rubric, so dev
+    numbers during training and `searchrl eval` afterwards come from the same code. Writes
+    `RUN/eval/step-N.json` (the summary plus the flat `eval/*` keys) and returns the flat metrics for the
+    training log (`eval/exact_match`, `eval/f1`, `eval/searches_per_question`, `eval/reward`, ...).
+    """
+    from searchrl.common.io import atomic_write_json
+
+    result = evaluate_policy(
+        trainer.policy,
+        trainer.tokenizer,
+        rows,
+        trainer.env_factory,
+        trainer.generation_config,
+        rubric=trainer.rubric,
+        batch_size=int(trainer.args.local_batch_size or 16),
+        seed=seed,
+    )
+    flat = result.metrics("eval/")
+    step = int(trainer.global_step)
+    payload = {"step": step, "split": split, "checkpoint": f"step-{step}", **result.summary, **flat}
+    atomic_write_json(Path(trainer.run.eval) / f"step-{step}.json", payload)
+    return flat
