@@ -332,3 +332,11 @@ def test_audit_cli_on_chosen_trajectory_files(tmp_path):
     assert stuffing["verdict"] == "fail" and sorted(stuffing["evidence"]) == sorted(planted)
     missing = CliRunner().invoke(app, ["audit", "--run", str(run), "--trajectories", str(tmp_path / "x.gz")])
     assert missing.exit_code != 0 and "trajectory file not found" in missing.output
+
+
+def test_training_trajectories_are_named_with_their_step():
+    trajs, _ = plant(6, stuff)
+    for t in trajs:
+        t.metadata["step"] = 7
+    check = audit_trajectories(trajs).check("answer_stuffing")
+    assert all(e.endswith("@step-7") for e in check.evidence) and "clean-0@step-7" in check.evidence

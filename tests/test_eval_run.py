@@ -185,3 +185,20 @@ def test_a_recorded_env_yaml_wins_over_what_the_ppo_config_implies(world, tmp_pa
     save_config(EnvConfig(max_turns=2, topk=2), run / "env.yaml")
     recorded = run_env_config(run, cfg)
     assert (recorded.max_turns, recorded.topk) == (2, 2)
+
+
+def test_cli_eval_of_the_initial_policy_a_run_started_from(world, tmp_path):
+    no_initial = _invoke("--run", str(world["run"]), "--checkpoint", "initial")
+    assert no_initial.exit_code != 0 and "policy_model_path" in no_initial.output
+    run = tmp_path / "run"
+    run.mkdir()
+    cfg = world["config"]
+    start = world["run"] / "checkpoints" / "step-1" / "policy"
+    save_config(
+        PPOConfig(**{**cfg.__dict__, "policy_model_path": str(start), "output_dir": str(run)}),
+        run / "config.yaml",
+    )
+    ok = _invoke("--run", str(run), "--checkpoint", "initial", "--limit", "2", "--bootstrap", "20")
+    assert ok.exit_code == 0, ok.output
+    data = json.loads((run / "eval" / "test-initial.json").read_text())
+    assert data["checkpoint"] == "initial" and data["step"] == 0 and data["model"] == str(start)

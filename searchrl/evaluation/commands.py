@@ -75,7 +75,11 @@ def eval_command(
         str, typer.Option("--split", help="Split to evaluate: <data dir>/<split>.jsonl (test, dev...).")
     ] = "test",
     checkpoint: Annotated[
-        str, typer.Option("--checkpoint", help="Checkpoint of the run: 'latest', 'step-N' or N.")
+        str,
+        typer.Option(
+            "--checkpoint",
+            help="Checkpoint of the run: 'latest', 'step-N', N, or 'initial' (the config's policy_model_path).",
+        ),
     ] = "latest",
     model: Annotated[
         Path | None,

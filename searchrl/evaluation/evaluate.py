@@ -485,6 +485,11 @@ def evaluate_run(
     config = load_run_config(run_dir) if run_dir is not None else None
     if model is not None:
         model_dir, name = Path(model), Path(model).name
+    elif checkpoint == "initial":
+        # The policy PPO started from (e.g. the SFT warm start): the baseline every gain is measured against.
+        if config is None or not config.policy_model_path:
+            raise ValueError("--checkpoint initial needs a run whose config.yaml names policy_model_path")
+        model_dir, name = Path(config.policy_model_path), "initial"
     elif run_dir is not None:
         model_dir, name = resolve_checkpoint(run_dir, checkpoint)
     else:
@@ -523,7 +528,7 @@ def evaluate_run(
         base = Path(run_dir) / "eval" if run_dir is not None else model_dir.parent / "eval"
         output = base / f"{split}-{name}.json"
     output = Path(output)
-    step = int(name.split("-")[1]) if name.startswith("step-") and name.split("-")[1].isdigit() else None
+    step = 0 if name == "initial" else _step_of(name)
     payload = {
         "split": split,
         "checkpoint": name,
@@ -539,6 +544,11 @@ def evaluate_run(
         output.with_name(output.name[: -len(".json")] + ".trajectories.jsonl.gz"), result.trajectories
     )
     return result, output
+
+
+def _step_of(name: str) -> int | None:
+    number = name[len("step-") :] if name.startswith("step-") else ""
+    return int(number) if number.isdigit() else None
 
 
 def trajectories_path(json_path: str | Path) -> Path:
