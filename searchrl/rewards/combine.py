@@ -26,6 +26,7 @@ from typing import Any
 
 from searchrl.common.config import ConfigError, load_config
 from searchrl.rewards.citation import CitationReward, FabricationCount
+from searchrl.rewards.judge import ModelJudgeReward
 from searchrl.rewards.qa import ContainsReward, ExactMatchReward, F1Reward
 from searchrl.rewards.shaping import (
     AnswerLengthPenalty,
@@ -54,6 +55,7 @@ REWARD_FUNCTIONS: dict[str, Callable[..., RewardFunc]] = {
     "safety": SafetyPenalty,
     "answer_length": AnswerLengthPenalty,
     "num_searches": SearchCount,
+    "model_judge": ModelJudgeReward,  # params: model_path_or_model (a local dir), max_length, squash, max_docs
 }
 
 
