@@ -25,6 +25,7 @@ COMMAND_MODULES: list[str] = [
     "searchrl.evaluation.commands",
     "searchrl.viewer.commands",
     "searchrl.grpo.commands",
+    "searchrl.ppo.commands",
     "searchrl.demo.commands",
     "searchrl.ppo.commands",
 ]
