@@ -27,7 +27,6 @@ COMMAND_MODULES: list[str] = [
     "searchrl.grpo.commands",
     "searchrl.ppo.commands",
     "searchrl.demo.commands",
-    "searchrl.ppo.commands",
 ]
 
 
