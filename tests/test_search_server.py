@@ -224,3 +224,16 @@ def test_backend_failures_are_5xx_with_a_message_and_bad_requests_still_4xx():
     assert r.status_code == 500 and "RuntimeError: oops" in r.json()["error"]
     # Validation happens before the backend is touched, so a bad request is 4xx even here.
     assert bug.post("/retrieve", json={"queries": []}).status_code == 422
+
+
+def test_non_retryable_backend_errors_are_4xx():
+    from fastapi.testclient import TestClient
+
+    from searchrl.search.cache import CacheMiss
+    from searchrl.search.server import create_app
+
+    replay = TestClient(
+        create_app(_BrokenBackend(CacheMiss("no result for 'q'"))), raise_server_exceptions=False
+    )
+    r = replay.post("/retrieve", json={"queries": ["q"]})
+    assert r.status_code == 422 and "cache_miss" in r.json()["error"]

@@ -16,8 +16,9 @@ Bodies are parsed and validated by hand rather than by FastAPI's model binding, 
 (malformed JSON, a body that is not an object, a missing or wrongly typed field, an empty or oversized
 batch, an overlong query, an out-of-range topk) gets a 4xx whose message says what was wrong and how
 to fix it — never a 5xx. 5xx is kept for failures of the server itself (503: the backend failed), which
-is exactly what a client should retry. With a token, every endpoint but ``/health`` needs
-``Authorization: Bearer <token>`` (compared in constant time). The default bind is 127.0.0.1.
+is exactly what a client should retry. With a token, the search endpoints need
+``Authorization: Bearer <token>`` (compared in constant time); ``/health`` and the OpenAPI spec stay
+open for probes. The default bind is 127.0.0.1.
 """
 
 from __future__ import annotations
@@ -309,7 +310,10 @@ def create_app(
 
     @app.exception_handler(SearchError)
     async def _search_error(_: Request, exc: SearchError) -> Response:
-        return _error(503, f"search backend failed ({exc.kind}): {exc}")
+        # 503 tells clients to retry; a wrapped backend's own "bad request" or a replay-cache miss
+        # will fail the same way again, so those are 422.
+        status = 422 if exc.kind in ("bad_request", "cache_miss") else 503
+        return _error(status, f"search backend failed ({exc.kind}): {exc}")
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> Response:
