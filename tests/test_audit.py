@@ -340,3 +340,23 @@ def test_training_trajectories_are_named_with_their_step():
         t.metadata["step"] = 7
     check = audit_trajectories(trajs).check("answer_stuffing")
     assert all(e.endswith("@step-7") for e in check.evidence) and "clean-0@step-7" in check.evidence
+
+
+def test_audit_run_looks_up_hop_counts_for_the_spam_limit(tmp_path):
+    run = tmp_path / "run"
+    trajs = population()
+    for t in trajs:
+        t.metadata.pop("hops")
+        t.tool_calls = [ToolCallRecord("search", {"query": f"{t.id} {i}"}, "ok") for i in range(3)]
+    _write_run(run, [0.1], {}, trajs)
+    assert audit_run(run).check("tool_call_spam").verdict == "pass"  # 3 calls <= the default limit of 4
+    train = tmp_path / "train.jsonl"
+    train.write_text(
+        "".join(
+            json.dumps({"id": t.question_id, "question": "q", "golds": ["x"], "hops": 1}) + "\n"
+            for t in trajs
+        )
+    )
+    (run / "config.yaml").write_text(f"train_file: {train}\n")
+    spam = audit_run(run).check("tool_call_spam")  # one-hop questions: more than 2 calls is spam
+    assert spam.verdict == "fail" and spam.details["over_call_limit"] == len(trajs)

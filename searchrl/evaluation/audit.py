@@ -650,6 +650,30 @@ def _reward_config_of(run_dir: Path) -> dict[str, Any] | None:
     return yaml.safe_load(Path(reward_path).read_text(encoding="utf-8")) or {}
 
 
+def _fill_hops(trajs: Sequence[Trajectory], run_dir: Path) -> None:
+    """Give training trajectories their question's hop count (from the run's data files) when they lack it.
+
+    The rollout does not copy row fields into the trajectory; the spam check's limit scales with hops.
+    """
+    import yaml
+
+    missing = [t for t in trajs if t.metadata.get("hops") is None]
+    cfg_path = run_dir / "config.yaml"
+    if not missing or not cfg_path.exists():
+        return
+    cfg = yaml.safe_load(cfg_path.read_text(encoding="utf-8")) or {}
+    hops: dict[str, Any] = {}
+    for key in ("train_file", "dev_file"):
+        path = cfg.get(key)
+        if path and Path(path).exists():
+            from searchrl.common.io import read_jsonl
+
+            hops.update({str(r.get("id")): r.get("hops") for r in read_jsonl(path) if "hops" in r})
+    for t in missing:
+        if hops.get(t.question_id) is not None:
+            t.metadata["hops"] = hops[t.question_id]
+
+
 def audit_run(
     run_dir: str | Path,
     last_steps: int | None = 10,
@@ -671,6 +695,7 @@ def audit_run(
         if not f.exists():
             raise FileNotFoundError(f"{f}: trajectory file not found")
     trajs = [t for f in files for t in read_trajectories(f)]
+    _fill_hops(trajs, run_dir)
     if not trajs and not (run_dir / "metrics.jsonl").exists():
         raise FileNotFoundError(
             f"{run_dir}: no trajectories/*.jsonl.gz and no metrics.jsonl; is this a run directory? "

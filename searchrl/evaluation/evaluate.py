@@ -173,7 +173,7 @@ def _summarise_group(
         shares[reason] = float(np.mean(column))
         ci[f"termination/{reason}"] = list(bootstrap_ci(column, n_resamples, seed, confidence))
     out["termination"] = shares
-    out["ci95" if abs(confidence - 0.95) < 1e-12 else f"ci{confidence:g}"] = ci
+    out[_ci_key(confidence)] = ci
     return out
 
 
