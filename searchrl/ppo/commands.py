@@ -207,10 +207,10 @@ def train(
     model and a BPE tokenizer are built from the task's corpus and train questions, so the command
     runs offline from nothing. A missing index_dir is built from corpus_path first.
     """
-    overrides = parse_set_options(set_ or [])
-    if output_dir is not None:
-        overrides["output_dir"] = output_dir
     try:
+        overrides = parse_set_options(set_ or [])
+        if output_dir is not None:
+            overrides["output_dir"] = output_dir
         cfg = load_config(PPOConfig, config, overrides)
         run_dir = run_ppo(cfg, resume=resume)
     except (ConfigError, FileNotFoundError, ValueError) as e:
