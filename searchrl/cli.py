@@ -27,6 +27,7 @@ COMMAND_MODULES: list[str] = [
     "searchrl.grpo.commands",
     "searchrl.ppo.commands",
     "searchrl.demo.commands",
+    "searchrl.sft.commands",
 ]
 
 

@@ -438,7 +438,9 @@ def make_reward_trainer(
             f"the reward model must have num_labels=1 (one score per sequence), got {model.config.num_labels}; "
             "build it with searchrl.models.tiny.build_value_model or load it with num_labels=1"
         )
-    return RewardTrainer(
+    from transformers import PrinterCallback
+
+    trainer = RewardTrainer(
         model=model,
         args=_reward_config(
             config, output_dir or config.output_dir or tempfile.mkdtemp(prefix="searchrl-rm-")
@@ -448,6 +450,8 @@ def make_reward_trainer(
         processing_class=tokenizer,
         callbacks=callbacks,
     )
+    trainer.remove_callback(PrinterCallback)  # no log dicts on stdout; the CLI prints one JSON there
+    return trainer
 
 
 def train_reward_model(

@@ -18,6 +18,7 @@ no accelerator is present, no gradient checkpointing (slower, and pointless for 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import os
 import tempfile
@@ -28,7 +29,7 @@ from typing import Any
 
 import torch
 from datasets import Dataset
-from transformers import PreTrainedModel, PreTrainedTokenizerBase, TrainerCallback
+from transformers import PreTrainedModel, PreTrainedTokenizerBase, PrinterCallback, TrainerCallback
 
 from searchrl.common.config import ConfigError
 from searchrl.common.io import atomic_write_json
@@ -41,6 +42,7 @@ from searchrl.rollout.trajectory import Trajectory
 from searchrl.sft.expert import ExpertConfig
 
 IGNORE_INDEX = -100
+logger = logging.getLogger("searchrl.sft")
 
 
 @dataclass
@@ -134,6 +136,7 @@ class _LossRecorder(TrainerCallback):
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, float] | None = None, **kw: Any):
         if logs and "loss" in logs:
             self.losses.append(float(logs["loss"]))
+            logger.info("sft step %d: loss %.4f", state.global_step, float(logs["loss"]))
 
 
 def _sft_config(config: SFTWarmStartConfig, output_dir: str) -> Any:
@@ -182,13 +185,16 @@ def make_sft_trainer(
     from trl import SFTTrainer
 
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")  # TRL trainers ping the hub otherwise
-    return SFTTrainer(
+    trainer = SFTTrainer(
         model=policy,
         args=_sft_config(config, output_dir),
         train_dataset=dataset,
         processing_class=tokenizer,
         callbacks=callbacks,
     )
+    # Log lines go to the `searchrl` logger, not as dicts on stdout (the CLI prints one JSON summary there).
+    trainer.remove_callback(PrinterCallback)
+    return trainer
 
 
 def run_sft(
