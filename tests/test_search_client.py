@@ -71,10 +71,13 @@ def test_4xx_is_never_retried(server):
     assert no_token.stats["requests"] == 1
 
 
-def test_server_killed_mid_run_gives_unavailable_after_the_retry_budget(index):
+def test_server_killed_mid_run_gives_unavailable_and_the_cache_still_replays(index, tmp_path):
     with ServerProcess(index[1]) as victim:
         client = fast_client(victim.url)
-        assert client.search(["rivers"], 2)[0]
+        recorder = CachedBackend(client, tmp_path / "snap.sqlite", mode="read_write")
+        recorded = recorder.search(QUERIES, 3)
+        assert recorder.fingerprint == index[0].fingerprint
+        recorder.close()
         victim.stop()
         before = client.stats["requests"]
         t = time.monotonic()
@@ -82,6 +85,10 @@ def test_server_killed_mid_run_gives_unavailable_after_the_retry_budget(index):
             client.search(["rivers"], 2)
         assert client.stats["requests"] - before == client.attempts == 3
         assert time.monotonic() - t <= client.deadline_s
+    # The snapshot answers with the server gone and no backend at all.
+    replay = CachedBackend(None, tmp_path / "snap.sqlite", mode="replay")
+    assert replay.fingerprint == index[0].fingerprint
+    assert replay.search(QUERIES, 3) == recorded
 
 
 def test_refused_connection_is_unavailable(tmp_path):
@@ -162,7 +169,7 @@ def _flaky_server(failures: int, status: int = 503):
             self.wfile.write(payload)
 
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     return httpd, f"http://127.0.0.1:{httpd.server_address[1]}", state
 
 
@@ -194,19 +201,50 @@ def test_backoff_grows_exponentially_with_bounded_jitter():
         assert all(cap / 2 <= w <= cap for w in waits) and len(set(waits)) > 1
 
 
-def test_cache_replay_with_the_server_switched_off(index, tmp_path):
-    with ServerProcess(index[1]) as live:
-        recorder = CachedBackend(HTTPBackend(live.url), tmp_path / "snap.sqlite", mode="read_write")
-        recorded = recorder.search(QUERIES, 3)
-        fingerprint = recorder.fingerprint
-        recorder.close()
-    replay = CachedBackend(None, tmp_path / "snap.sqlite", mode="replay")
-    assert replay.fingerprint == fingerprint == index[0].fingerprint
-    assert replay.search(QUERIES, 3) == recorded
-
-
 def test_bad_client_settings_are_rejected():
     with pytest.raises(ValueError, match="unknown protocol"):
         HTTPBackend("http://127.0.0.1:1", protocol="grpc")
     with pytest.raises(ValueError, match="must look like http"):
         HTTPBackend("127.0.0.1:8000")
+
+
+def _fixed_answer_server(payload: bytes):
+    """A real HTTP server that answers every POST with the same 200 body."""
+    state = {"posts": 0}
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            state["posts"] += 1
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    return httpd, f"http://127.0.0.1:{httpd.server_address[1]}", state
+
+
+@pytest.mark.parametrize(
+    ("payload", "message"),
+    [
+        (b'{"foo": 1}', "expected an object with 'result'"),
+        (b'{"result": [[]]}', "sent 2 queries but got 1 result lists"),
+        (b'{"result": [["not a doc"], []]}', "expected a document object"),
+        (b"not json", "not JSON"),
+    ],
+)
+def test_malformed_answers_are_unavailable_and_not_retried(payload, message):
+    httpd, url, state = _fixed_answer_server(payload)
+    try:
+        client = fast_client(url)
+        with pytest.raises(SearchUnavailable, match=message):
+            client.search(["a", "b"], 1)
+        assert state["posts"] == 1
+    finally:
+        httpd.shutdown()
