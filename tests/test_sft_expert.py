@@ -173,6 +173,13 @@ def test_bad_expert_config_is_refused_with_the_field_named(kwargs, needle):
         ExpertConfig(**kwargs)
 
 
+def test_expert_refuses_an_environment_too_small_for_the_hops(world):
+    two_hop = [r for r in world["rows"] if r["hops"] == 2][:1]
+    envs = [SearchEnvironment(world["backend"], EnvConfig(max_turns=2), tokenizer=world["tok"])]
+    with pytest.raises(ValueError, match="max_turns >= 3"):
+        ExpertPolicy().demonstrate(world["model"], world["tok"], envs, two_hop)
+
+
 def test_expert_refuses_rows_without_the_synthetic_fields(world):
     with pytest.raises(ValueError, match="synthetic"):
         ExpertPolicy().plan([{"id": "q", "question": "Who?", "golds": ["x"]}])

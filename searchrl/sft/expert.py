@@ -286,6 +286,7 @@ class ExpertPolicy:
         """One forced episode per (env, row); each trajectory's metadata says its kind and bridge source."""
         if len(envs) != len(rows):
             raise ValueError(f"demonstrate needs one environment per row: got {len(envs)} and {len(rows)}")
+        _check_budgets(envs, rows)
         episodes = self.plan(rows)
         forcing = ExpertForcing(tokenizer, envs, episodes, k=self.config.k)
         generation = generation or GenerationConfig(
@@ -297,6 +298,21 @@ class ExpertPolicy:
             traj.metadata["bridge_source"] = ep.bridge_source
             traj.metadata["expert_searches"] = list(ep.searches)
         return batch.trajectories
+
+
+def _check_budgets(envs: Sequence[Any], rows: Sequence[dict[str, Any]]) -> None:
+    """The expert needs one turn per hop plus one to answer, and one search per hop."""
+    for env, row in zip(envs, rows, strict=True):
+        cfg = getattr(env, "config", None)
+        if cfg is None:
+            continue
+        hops = len(relation_chain(str(row["relation"])))
+        if cfg.max_turns < hops + 1 or cfg.max_tool_calls < hops:
+            raise ValueError(
+                f"row {row.get('id', '?')}: a {hops}-hop demonstration needs max_turns >= {hops + 1} and "
+                f"max_tool_calls >= {hops}, the environment allows {cfg.max_turns} and {cfg.max_tool_calls}; "
+                "raise them in EnvConfig"
+            )
 
 
 def _guess_for(rows: Sequence[dict[str, Any]], i: int, rng: random.Random) -> str:
