@@ -237,3 +237,20 @@ def test_non_retryable_backend_errors_are_4xx():
     )
     r = replay.post("/retrieve", json={"queries": ["q"]})
     assert r.status_code == 422 and "cache_miss" in r.json()["error"]
+
+
+def test_concurrent_clients_get_their_own_correct_answers(served):
+    from concurrent.futures import ThreadPoolExecutor
+
+    server, backend, _ = served
+    # Big batches go to the server's thread pool, small ones run inline: mix both.
+    workloads = [["rivers"] * 20, ["capital of Veland"], ["Glass Harbor film", "Brask"] * 8, ["Tirrow"]] * 4
+
+    def ask(queries):
+        r = post(server, "/retrieve", {"queries": queries, "topk": 3, "return_scores": True})
+        return [[it["document"]["id"] for it in items] for items in r.json()["result"]]
+
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(ask, workloads))
+    for queries, got in zip(workloads, answers, strict=True):
+        assert got == [[h.doc_id for h in hits] for hits in backend.search(queries, 3)]
