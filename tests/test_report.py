@@ -123,6 +123,7 @@ def test_report_is_one_self_contained_file_with_plots_tables_and_spans(world, tm
         assert f"alt='{title}'" in text
     # Tables: the summary, the eval JSON with CIs by hops, the audit verdicts.
     assert "ppo.test.exact_match" in text and "0.850" in text
+    assert "ppo − sft" in text and "+0.450" in text  # the side-by-side held-out comparison
     assert "test-step-6.json" in text and "1-hop (n=2)" in text and "2-hop (n=1)" in text
     assert "Reward-hacking audit" in text and "fabricated_citations" in text
     # Trajectories: action and observation spans, decoded per span, told apart by class.

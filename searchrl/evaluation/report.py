@@ -265,10 +265,40 @@ def summary_table(summary: dict[str, Any]) -> str:
     """A demo summary (nested dict) as key / value rows; CI lists and per-hop details are left to the eval tables."""
     flat: list[tuple[str, Any]] = []
     _flatten("", summary, flat)
-    keep = [
-        (k, v) for k, v in flat if ".by_hops." not in k and ".timing." not in k and ".termination." not in k
-    ]
+    skip = (".by_hops.", ".timing.", ".termination.", ".ci95.")
+    keep = [(k, v) for k, v in flat if not any(part in f".{k}." for part in skip)]
     return _table(["key", "value"], [[html.escape(k), _fmt(v)] for k, v in keep])
+
+
+def _stages_with_test_metrics(summary: dict[str, Any]) -> list[str]:
+    """Top-level keys (e.g. "sft", "ppo") whose value holds a `test` summary with an exact match."""
+    return [
+        k
+        for k, v in summary.items()
+        if isinstance(v, dict) and isinstance(v.get("test"), dict) and "exact_match" in v["test"]
+    ]
+
+
+def comparison_table(summary: dict[str, Any]) -> str | None:
+    """Held-out metrics of each stage side by side (SFT warm start vs PPO) with the change, or None."""
+    stages = _stages_with_test_metrics(summary)
+    if not stages:
+        return None
+    rows = []
+    for name in EVAL_ROWS:
+        values = [summary[s]["test"].get(name) for s in stages]
+        if all(v is None for v in values):
+            continue
+        cells = [html.escape(name)]
+        for s, v in zip(stages, values, strict=True):
+            ci = (summary[s]["test"].get("ci95") or {}).get(name)
+            interval = f" [{_fmt(ci[0])}, {_fmt(ci[1])}]" if ci else ""
+            cells.append("" if v is None else _fmt(float(v)) + interval)
+        first, last = values[0], values[-1]
+        changed = len(stages) > 1 and first is not None and last is not None
+        rows.append([*cells, f"{last - first:+.3f}" if changed else ""])
+    change = f"{stages[-1]} − {stages[0]}" if len(stages) > 1 else ""
+    return _table(["test metric", *[f"{s} [95% CI]" for s in stages], change], rows)
 
 
 def audit_table(report: AuditReport) -> str:
@@ -429,7 +459,11 @@ def write_report(
         f"<p class='meta'>{len(metrics)} logged steps · {len(evals)} eval file(s) · run folder {html.escape(str(run_dir))}</p>",
     ]
     if summary:
-        parts += ["<h2>Summary</h2>", summary_table(summary)]
+        parts.append("<h2>Summary</h2>")
+        comparison = comparison_table(summary)
+        if comparison:
+            parts.append(comparison)
+        parts.append(f"<details><summary>All summary fields</summary>{summary_table(summary)}</details>")
     parts.append("<h2>Training curves</h2>")
     plots = build_plots(metrics, [e for _, e in evals])
     if plots:
