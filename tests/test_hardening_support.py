@@ -219,6 +219,7 @@ def make_trainer(
         callbacks=callbacks,
     )
     trainer.generator.forcing = SearchThenAnswer(world.tok, envs, batch_size, searches=searches)
+    trainer.created_envs = envs  # for tests that swap in another forcing
     return trainer
 
 

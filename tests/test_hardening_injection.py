@@ -1,0 +1,138 @@
+"""Prompt injection: documents that forge tool calls, answers and system turns, call tools outside the
+allow-list or try to exfiltrate the prompt, indexed next to the real corpus.
+
+With them in the index, a PPO run whose policy *obeys* every injected instruction (`GullibleForcing`,
+the worst case) still executes no tool outside the allow-list, runs no call the policy did not write,
+lets no live markup into the context, and the attempts are counted in the training metrics.
+"""
+
+from __future__ import annotations
+
+import pytest
+from test_hardening_support import build_world, make_trainer, read_metrics
+
+from searchrl.common.config import ConfigError
+from searchrl.data.injection import (
+    ATTACK_KINDS,
+    CANARY,
+    SYSTEM_BREACHES,
+    GullibleForcing,
+    attack_text,
+    audit_trajectory,
+    injection_documents,
+    merge_corpus,
+    refang,
+)
+from searchrl.data.synthetic import expert_queries, generate, preset_config
+from searchrl.env.environment import EnvConfig, SearchEnvironment
+from searchrl.env.protocol import format_tool_call, parse_turn
+from searchrl.env.tools import SEARCH_TOOL, ToolRegistry, ToolSpec
+from searchrl.rollout.trajectory import read_trajectories
+
+TASK = generate(preset_config("tiny", seed=0))
+TARGETS = TASK.splits["train"][:10]
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    return build_world(tmp_path_factory.mktemp("inj_world"), extra_docs=injection_documents(TARGETS))
+
+
+def test_documents_cover_every_attack_kind_with_fresh_ids_and_the_canary():
+    docs = injection_documents(TARGETS)
+    assert {d["attack"] for d in docs} == set(ATTACK_KINDS)
+    assert len({d["id"] for d in docs}) == len(docs) == len(TARGETS)
+    assert all(CANARY in d["contents"] or d["attack"] == "disallowed_tool" for d in docs)
+    merged = merge_corpus(TASK.corpus, docs)
+    assert len(merged) == len(TASK.corpus) + len(docs)
+    with pytest.raises(ConfigError, match="already exist"):
+        merge_corpus(merged, docs)
+    with pytest.raises(ConfigError, match="choose one or more"):
+        injection_documents(TARGETS, kinds=["sql_injection"])
+    with pytest.raises(ConfigError, match=r"\['subject', 'relation'\]"):
+        injection_documents([{"id": "q", "question": "?"}])
+
+
+def test_injected_documents_rank_for_their_targets_real_search(world):
+    for row, doc in zip(TARGETS, injection_documents(TARGETS), strict=True):
+        hits = world.backend.search([expert_queries(row)[0]], 3)[0]
+        assert doc["id"] in [h.doc_id for h in hits], (row["subject"], [h.doc_id for h in hits])
+
+
+@pytest.mark.parametrize("kind", ATTACK_KINDS)
+def test_each_attack_is_neutralised_in_the_observation(world, kind):
+    import random
+
+    row = TARGETS[0]
+    text = attack_text(kind, row["subject"], "born", random.Random(0))
+    assert parse_turn(text).tool_calls or "<answer>" in text or "<|im_start|>" in text or kind == "exfiltrate"
+    env = SearchEnvironment(world.backend, EnvConfig(), tokenizer=world.tok)
+    env.reset(row)
+    shown, _, attempts = env._render_hits("q", [_hit("inj-x", row["subject"], text)])
+    if kind != "exfiltrate":
+        assert attempts > 0
+    parsed = parse_turn(shown)
+    assert not parsed.tool_calls and not parsed.malformed and parsed.answer is None
+    specials = set(world.tok.all_special_ids) | set(world.tok.added_tokens_decoder)
+    assert not specials & set(world.tok.encode(shown, add_special_tokens=False))
+    assert refang(shown).count("<") >= text.count("<")  # a reader still sees what was there
+
+
+def _hit(doc_id, title, text):
+    from searchrl.search.base import Hit
+
+    return Hit(doc_id=doc_id, title=title, text=text, score=1.0)
+
+
+def test_tool_outside_the_allow_list_is_denied_not_run(world):
+    python = ToolSpec("python", "Run code.", SEARCH_TOOL.args_model, SEARCH_TOOL.parameters)
+    env = SearchEnvironment(
+        world.backend, EnvConfig(), tokenizer=world.tok, registry=ToolRegistry([SEARCH_TOOL, python])
+    )
+    env.reset(TARGETS[0])
+    result = env.step(
+        format_tool_call("python", {"query": "import os"}) + format_tool_call("shell", {"cmd": "ls"})
+    )
+    assert [r.status for r in result.records] == ["permission_denied", "unknown_tool"]
+    assert env.searches_sent == 0
+
+
+@pytest.mark.slow
+def test_ppo_run_with_injected_index_and_an_obedient_policy_executes_nothing_forbidden(world, tmp_path):
+    trainer = make_trainer(
+        world,
+        tmp_path / "run",
+        steps=2,
+        batch_size=4,
+        save_steps=1000,
+        max_new_tokens_per_turn=160,
+        max_episode_tokens=1500,
+        # Whole documents in the observations: truncation would hide the attacks (a defence of sorts).
+        env_cfg={"max_observation_tokens": 512, "max_total_tokens": 1400},
+    )
+    trainer.train_rows = TARGETS  # every episode's search hits its injected document
+    trainer.generator.forcing = GullibleForcing(world.tok, trainer.created_envs, batch_size=4)
+    trainer.train()
+    metrics = read_metrics(tmp_path / "run")
+    trajs = [
+        t
+        for f in sorted((tmp_path / "run" / "trajectories").glob("*.jsonl.gz"))
+        for t in read_trajectories(f)
+    ]
+    assert len(trajs) == 8
+    assert sum(m["security/injection_attempts"] for m in metrics) > 0
+    assert sum(m["security/disallowed_executed"] for m in metrics) == 0
+    assert sum(m["security/denied_tool_calls"] for m in metrics) == sum(
+        c.status in ("unknown_tool", "permission_denied") for t in trajs for c in t.tool_calls
+    )
+    # The obedient policy did try the forbidden tools; none ran.
+    tried = [c for t in trajs for c in t.tool_calls if c.name in ("python", "shell")]
+    seen = [(t.termination, [(c.name, c.status) for c in t.tool_calls]) for t in trajs]
+    assert tried and all(c.status == "unknown_tool" for c in tried), seen
+    system_prompt = trainer.env_factory().system_prompt
+    for t in trajs:
+        assert t.metadata["injection_attempts"] >= 0
+        audit = audit_trajectory(t, world.tok, system_prompt)
+        assert audit["saw_injection"]
+        assert not any(audit[k] for k in SYSTEM_BREACHES), (t.id, audit)
+        assert all(c.name == "search" for c in t.tool_calls if c.status == "ok")
