@@ -365,3 +365,34 @@ def test_rollout_refuses_mismatched_inputs(world):
         generator.rollout([make_env(world)], [QA[0], QA[1]])
     with pytest.raises(ValueError, match="top_p"):
         GenerationConfig(top_p=0.0).validate()
+
+
+def test_an_environment_that_raises_ends_only_its_rows_with_error(world):
+    from searchrl.env.environment import step_batch
+
+    envs = [make_env(world) for _ in range(3)]
+    broken = envs[1]
+
+    def flaky_step_batch(batch_envs, texts):
+        if any(e is broken for e in batch_envs):
+            raise RuntimeError("environment bug")
+        return step_batch(batch_envs, texts)
+
+    scripts = [
+        [call("Varnholt"), answer("Quessa", "d1")],
+        [call("Quessa capital long query words"), answer("x")],
+        [answer("Quessa")],
+    ]
+    generator = HFGenerator(
+        world["model"],
+        world["tok"],
+        GenerationConfig(max_new_tokens_per_turn=96, max_episode_tokens=1500),
+        forcing=ScriptedPolicy(world["tok"], scripts),
+        step_batch=flaky_step_batch,
+    )
+    batch = generator.rollout(envs, QA[:3])
+    good, bad, short = batch.trajectories
+    assert bad.termination == "error" and "environment bug" in bad.metadata["error"]
+    assert good.termination == "answered" and short.termination == "answered"
+    check_masks_and_spans(bad)
+    assert batch.stats["termination/error"] == pytest.approx(1 / 3)

@@ -115,7 +115,8 @@ class ScriptedPolicy:
 
     `turns[row][t]` is the text of turn `t` of that row; for the chat protocol each turn is followed by
     EOS, for stop-string protocols (Search-R1) the turn ends where its text ends. After the script runs
-    out, the model samples freely.
+    out, the model samples freely. Use it without top-k/top-p filtering: a forced token outside the
+    kept set has logprob -inf under the sampling distribution.
     """
 
     def __init__(
@@ -160,6 +161,7 @@ class _Row:
     turn_index: int = 0
     done: bool = False
     observations: list[str] = field(default_factory=list)
+    error: str | None = None  # set when the environment itself failed
     r1_content: str = ""  # search_r1: the one assistant message grows with actions and observations
 
     @property
@@ -350,12 +352,56 @@ class _KVBatch:
         self.attn = torch.gather(self.attn, 1, order)
 
 
+def _sync_token_count(env: Any, tokens: int) -> None:
+    # SearchEnvironment counts tokens by re-tokenising text; the rollout knows the exact count.
+    if hasattr(env, "tokens_used"):
+        env.tokens_used = int(tokens)
+
+
+class _ReplayKV:
+    """Stands in for `_KVBatch` when there is no model: every token is forced, so nothing is computed.
+
+    The rollout loop, and with it every id, mask, span and message of the trajectory, stays the same as
+    with a model; only the recorded logprobs are meaningless (uniform). Used for expert demonstrations,
+    where running the model over forced tokens would only cost time.
+    """
+
+    def __init__(self, vocab_size: int) -> None:
+        self.vocab_size = vocab_size
+        self.rows = 0
+        self.tokens_run = 0
+        self.real_tokens_run = 0
+
+    def _logits(self, n: int) -> torch.Tensor:
+        return torch.zeros(n, self.vocab_size)
+
+    def prefill(self, prompts: list[list[int]]) -> torch.Tensor:
+        self.rows = len(prompts)
+        return self._logits(self.rows)
+
+    def append_all(self, tokens: list[int]) -> torch.Tensor:
+        return self._logits(len(tokens))
+
+    def append_some(self, rows: list[int], chunks: list[list[int]]) -> torch.Tensor:
+        return self._logits(len(rows))
+
+    def select(self, keep: list[int]) -> None:
+        self.rows = len(keep)
+
+    def compact(self, force: bool = False, threshold: float = 0.5) -> None:
+        return None
+
+
 class HFGenerator:
-    """Multi-turn rollouts of a Hugging Face causal LM against `SearchEnvironment`s (see module docstring)."""
+    """Multi-turn rollouts of a Hugging Face causal LM against `SearchEnvironment`s (see module docstring).
+
+    With `model=None` and a `forcing` hook that forces every token, it replays scripted episodes through
+    the same loop without running any model (expert demonstrations); logprobs are then not meaningful.
+    """
 
     def __init__(
         self,
-        model: PreTrainedModel,
+        model: PreTrainedModel | None,
         tokenizer: PreTrainedTokenizerBase,
         config: GenerationConfig | None = None,
         forcing: TokenForcing | None = None,
@@ -381,6 +427,18 @@ class HFGenerator:
 
         return step_batch(envs, texts)
 
+    def _safe_step(self, ended: list[tuple[_Row, str]]) -> list[Any]:
+        """`step_batch` for the paused rows; if the environment raises, those rows get None (-> "error").
+
+        A policy's bad call is an observation inside the environment; this only catches the
+        environment's own bugs, so one broken episode cannot crash the whole batch."""
+        try:
+            return self._step([r.env for r, _ in ended], [text for _, text in ended])
+        except Exception as exc:  # noqa: BLE001 - any environment failure must end only these episodes
+            for r, _ in ended:
+                r.error = f"{type(exc).__name__}: {exc}"
+            return [None] * len(ended)
+
     def _glue_for(self, tools: list[dict] | None) -> ToolGlue:
         key = tools_key(tools)
         if key not in self._glues:
@@ -405,6 +463,13 @@ class HFGenerator:
                 forced = self.forcing(r.index, r.turn_index, len(r.turn_ids))
                 if forced is not None:
                     tokens[i] = int(forced)
+                elif self.model is None:
+                    raise ValueError(
+                        f"row {r.index}, turn {r.turn_index}: a model-free replay needs every token forced, "
+                        "but the forcing hook returned None; pass a model to sample the rest"
+                    )
+        elif self.model is None:
+            raise ValueError("HFGenerator(model=None) replays forced tokens only: pass a forcing hook")
         chosen = torch.tensor(tokens, dtype=torch.long)
         return tokens, logp.gather(1, chosen[:, None]).squeeze(1).tolist()
 
@@ -472,10 +537,15 @@ class HFGenerator:
         started = time.perf_counter()
         gen = torch.Generator().manual_seed(self.config.seed)
         states = [self._start_row(i, env, row) for i, (env, row) in enumerate(zip(envs, rows, strict=True))]
-        kv = _KVBatch(self.model, self.pad_id)
+        kv: _KVBatch | _ReplayKV
+        if self.model is None:
+            kv = _ReplayKV(len(self.tokenizer))
+        else:
+            kv = _KVBatch(self.model, self.pad_id)
         search_s = 0.0
-        was_training = self.model.training
-        self.model.eval()
+        was_training = self.model is not None and self.model.training
+        if self.model is not None:
+            self.model.eval()
         with torch.inference_mode():
             live = list(states)
             logits = kv.prefill([r.ids for r in live])
@@ -497,17 +567,25 @@ class HFGenerator:
                         self._finish(r, "token_budget")
                 inserts: dict[int, list[int]] = {}
                 if ended:
+                    for r, _ in ended:
+                        # The environment's budget starts from the exact count before this turn; it
+                        # adds its own estimate of the turn and observation on top.
+                        _sync_token_count(r.env, r.episode_tokens - len(r.turn_ids))
                     t0 = time.perf_counter()
-                    results = self._step([r.env for r, _ in ended], [text for _, text in ended])
+                    results = self._safe_step(ended)
                     search_s += time.perf_counter() - t0
                     for (r, text), res in zip(ended, results, strict=True):
                         self._record_action(r, text)
+                        if res is None:  # the environment itself failed: end with "error", keep going
+                            self._finish(r, "error")
+                            continue
                         if res.done:
                             r.done = True
                             continue
                         ids = self._insert(r, res)
                         if ids:
                             inserts[r.index] = ids
+                            _sync_token_count(r.env, r.episode_tokens)
                         else:
                             self._finish(r, "token_budget")
                 logits = self._advance(kv, live, tokens, inserts)
@@ -526,7 +604,7 @@ class HFGenerator:
         return RolloutBatch(trajectories, stats)
 
     def _advance(
-        self, kv: _KVBatch, live: list[_Row], tokens: list[int], inserts: dict[int, list[int]]
+        self, kv: _KVBatch | _ReplayKV, live: list[_Row], tokens: list[int], inserts: dict[int, list[int]]
     ) -> torch.Tensor:
         """Feed this step's tokens of the rows still running; returns their next-token logits, in order."""
         keep = [i for i, r in enumerate(live) if not r.done]
@@ -596,5 +674,6 @@ class HFGenerator:
                 "protocol": "chat" if r.glue is not None else "search_r1",
                 "tools": list(getattr(env, "tools", []) or []),
                 "injection_attempts": int(getattr(env, "injection_attempts", 0) or 0),
+                **({"error": r.error} if r.error else {}),
             },
         )
