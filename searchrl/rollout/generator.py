@@ -57,6 +57,10 @@ class GenerationConfig:
     seed: int = field(
         default=0, metadata={"help": "Seed of the sampling generator (same seed, same rollout)."}
     )
+    share_prompt_prefill: bool = field(
+        default=True,
+        metadata={"help": "Compute identical prompts (e.g. a GRPO group's copies) once and share the cache."},
+    )
     compact_pad_fraction: float = field(
         default=0.5,
         metadata={
@@ -215,9 +219,10 @@ def _set_kv(layer: DynamicLayer, keys: torch.Tensor, values: torch.Tensor) -> No
 class _KVBatch:
     """The live rows' KV cache, attention mask and next position ids; counts tokens run through the model."""
 
-    def __init__(self, model: PreTrainedModel, pad_id: int) -> None:
+    def __init__(self, model: PreTrainedModel, pad_id: int, share_prompts: bool = True) -> None:
         self.model = model
         self.pad_id = pad_id
+        self.share_prompts = share_prompts
         self.cache: DynamicCache | None = None
         self.attn = torch.zeros(0, 0, dtype=torch.long)
         self.next_pos = torch.zeros(0, dtype=torch.long)
@@ -266,8 +271,14 @@ class _KVBatch:
     def prefill(self, prompts: list[list[int]]) -> torch.Tensor:
         """Run the prompts; identical prompts (GRPO-style groups) are computed once and shared."""
         unique: dict[tuple[int, ...], int] = {}
-        owner = [unique.setdefault(tuple(p), len(unique)) for p in prompts]
-        ids, attn_new = self._left_pad([list(p) for p in unique], self.pad_id)
+        # Without sharing, the row index makes every key distinct.
+        owner = [
+            unique.setdefault(tuple(p) if self.share_prompts else (i, *p), len(unique))
+            for i, p in enumerate(prompts)
+        ]
+        ids, attn_new = self._left_pad(
+            [list(p[0 if self.share_prompts else 1 :]) for p in unique], self.pad_id
+        )
         self.cache = DynamicCache(config=self.model.config)
         if all(type(layer) is DynamicLayer for layer in self.cache.layers):
             self.cache.layers = [_GrowingLayer() for _ in self.cache.layers]
@@ -541,7 +552,7 @@ class HFGenerator:
         if self.model is None:
             kv = _ReplayKV(len(self.tokenizer))
         else:
-            kv = _KVBatch(self.model, self.pad_id)
+            kv = _KVBatch(self.model, self.pad_id, share_prompts=self.config.share_prompt_prefill)
         search_s = 0.0
         was_training = self.model is not None and self.model.training
         if self.model is not None:
