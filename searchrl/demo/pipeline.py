@@ -40,7 +40,7 @@ from searchrl.rollout.generator import GenerationConfig
 from searchrl.rollout.trajectory import write_trajectories
 from searchrl.search.index import build_index
 from searchrl.sft.expert import ExpertConfig, ExpertPolicy
-from searchrl.sft.warm_start import SFTWarmStartConfig, run_sft
+from searchrl.sft.warm_start import SFTWarmStartConfig, prompt_texts, run_sft
 
 
 def _env_default() -> EnvConfig:
@@ -247,9 +247,10 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
 
     # 3. models ----------------------------------------------------------------------------------
     def make_models():
-        tok = train_tokenizer(
-            tokenizer_training_texts(task.corpus, task.splits["train"]), vocab_size=cfg.vocab_size
-        )
+        # The rendered system prompt joins the tokenizer's training text, so it costs few tokens.
+        probe = SearchEnvironment(backend, cfg.env)
+        texts = tokenizer_training_texts(task.corpus, task.splits["train"]) + prompt_texts(probe, train_rows)
+        tok = train_tokenizer(texts, vocab_size=cfg.vocab_size)
         policy = build_policy(tok, cfg.model)
         return tok, policy
 
@@ -261,7 +262,7 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
         expert = ExpertPolicy(cfg.expert)
         for i in range(0, len(train_rows), 64):
             rows = train_rows[i : i + 64]
-            demos.extend(expert.demonstrate(policy, tok, [env_factory() for _ in rows], rows))
+            demos.extend(expert.demonstrate(None, tok, [env_factory() for _ in rows], rows))
         write_trajectories(out / "sft" / "expert.jsonl.gz", demos)
         return demos
 
