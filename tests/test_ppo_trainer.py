@@ -521,3 +521,24 @@ def test_peft_lora_trains_the_adapter_and_the_reference_is_the_base_model(world,
     fresh.load_checkpoint(tmp_path / "run" / "checkpoints" / "step-1")
     again = dict(fresh.policy.named_parameters())
     assert all(torch.equal(now[n], again[n]) for n in lora_names)
+
+
+def test_shared_backbone_value_head_trains_and_is_checkpointed(world, tmp_path):
+    trainer = make_trainer(world, tmp_path, value_mode="shared_backbone", save_steps=1)
+    head_before = snapshot(trainer.model.value_head)
+    assert not hasattr(trainer.model, "value_model")
+    trainer.train()
+    assert changed(head_before, trainer.model.value_head)
+    assert (tmp_path / "run" / "checkpoints" / "step-1" / "value_head.pt").exists()
+
+
+def test_adaptive_kl_controller_is_fed_the_measured_kl(world, tmp_path):
+    # Target far below any real KL: the coefficient must grow once the policy has moved (step 2 on).
+    trainer = make_trainer(
+        world, tmp_path, total_episodes=8, kl_target=1e-6, kl_horizon=10.0, learning_rate=1e-2
+    )
+    first, second = trainer.step(), trainer.step()
+    assert first["objective/kl"] == 0.0  # the policy has not moved yet: KL below target, coefficient falls
+    assert first["kl_coef_next"] < first["kl_coef"]
+    assert second["objective/kl"] > 0 and second["kl_coef_next"] > second["kl_coef"]
+    assert second["kl_coef"] == first["kl_coef_next"]
