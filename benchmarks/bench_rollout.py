@@ -9,7 +9,9 @@ forward pass, pause, search, observation and cache update is the engine's own.
 Figures, side by side in one run (best of `--repeats` wall-clock each):
 
 - `prefill_ratio`: positions run through the model (padding included, counted by a forward hook on the
-  embedding) / tokens in the final trajectories. TRL's figure is reported as `trl_prefill_ratio`.
+  embedding) / tokens in the final trajectories. Below 1 because each group's identical prompts share
+  one prefill; `prefill_ratio_distinct_prompts` is the same rollout without sharing, and TRL's figure
+  is `trl_prefill_ratio`.
 - `vs_trl_tool_loop`: our rollout wall-clock / the wall-clock of `GRPOTrainer._generate` (TRL's
   `_generate_single_turn` + `_tool_call_loop`, HF `generate` backend, environment_factory with
   searchrl's `SearchToolEnv` over the same index) on a real GRPOTrainer instance, the same model weights,
@@ -299,12 +301,16 @@ def main() -> None:
         runs["plain"].append(run_plain(world, rows, plain_len))
         runs["plain_sampled"].append(run_plain(world, rows, sampled_len))
     ours, trl, plain, plain_sampled = (min(runs[k], key=lambda r: r["wall_s"]) for k in runs)
+    # The same rollout with every prompt prefilled separately (what PPO with one sample per prompt sees).
+    gen_distinct = GenerationConfig(**{**gen.__dict__, "share_prompt_prefill": False})
+    distinct = run_ours(world, rows, scripts, gen_distinct)
     ours_tps = after_prompt / ours["wall_s"]
     ours_sampled_tps = ours["action_tokens"] / ours["wall_s"]
     result = {
         "batch": len(rows),
         "searches_per_episode": [1 + (i % 3) for i in range(len(questions))],
         "prefill_ratio": ours["positions"] / ours["trajectory_tokens"],
+        "prefill_ratio_distinct_prompts": distinct["positions"] / distinct["trajectory_tokens"],
         "trl_prefill_ratio": trl["positions"] / trl["trajectory_tokens"],
         "vs_trl_tool_loop": ours["wall_s"] / trl["wall_s"],
         "vs_plain_generate": ours_sampled_tps / plain_sampled["tokens_per_s"],

@@ -346,9 +346,13 @@ def test_prefill_ratio_counted_by_a_hook_and_padding_compaction(world):
     assert shared > 0  # SCRIPTS * 2 asks each question twice
     assert batch.stats["rollout/model_real_tokens"] == total - len(batch.trajectories) - shared
     never, _ = run(world, SCRIPTS * 2, compact_pad_fraction=1.0)
-    for a, b in zip(batch.trajectories, never.trajectories, strict=True):
-        assert a.input_ids == b.input_ids
+    unshared, _ = run(world, SCRIPTS * 2, share_prompt_prefill=False)
+    assert unshared.stats["rollout/model_real_tokens"] == total - len(batch.trajectories)
+    assert unshared.stats["rollout/prefill_ratio"] <= 1.1
+    for a, b, c in zip(batch.trajectories, never.trajectories, unshared.trajectories, strict=True):
+        assert a.input_ids == b.input_ids == c.input_ids
         assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs, strict=True)) <= 1e-5
+        assert max(abs(x - y) for x, y in zip(a.logprobs, c.logprobs, strict=True)) <= 1e-5
 
 
 def test_trajectories_round_trip_jsonl_gz(world, tmp_path):
