@@ -115,6 +115,19 @@ def test_expert_searches_once_per_hop_reads_the_bridge_and_cites_the_answer(clea
     assert hops[1] > 0 and hops[2] > 0, "the sample must hold both single- and two-hop questions"
 
 
+def test_expert_speaks_the_search_r1_protocol_too(world):
+    rows = [r for r in world["rows"] if r["hops"] == 2][:2] + [r for r in world["rows"] if r["hops"] == 1][:2]
+    envs = [
+        SearchEnvironment(world["backend"], EnvConfig(protocol="search_r1"), tokenizer=world["tok"])
+        for _ in rows
+    ]
+    trajs = ExpertPolicy().demonstrate(world["model"], world["tok"], envs, rows)
+    for row, traj in zip(rows, trajs, strict=True):
+        assert traj.termination == "answered" and len(traj.tool_calls) == row["hops"]
+        assert exact_match(traj.answer, row["golds"]) == 1.0 and citation_status(traj) == "supported"
+        assert traj.action_texts[0].startswith("<search>") and traj.action_texts[0].endswith("</search>")
+
+
 def test_bridge_falls_back_to_the_oracle_when_retrieval_fails(world):
     two_hop = [r for r in world["rows"] if r["hops"] == 2][:3]
     trajs, _ = demonstrate(world, two_hop, backend=_EmptyBackend(), noise=0.0)

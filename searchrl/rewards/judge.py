@@ -85,7 +85,7 @@ class ModelJudgeReward:
         for r, s in enumerate(seqs):
             ids[r, : len(s)] = torch.tensor(s)
             mask[r, : len(s)] = 1
-        logits = sequence_scores(self.model, ids.to(device), mask.to(device)).float().cpu()
+        logits = _scores(self.model, ids.to(device), mask.to(device)).float().cpu()
         values = torch.sigmoid(logits) if self.squash else logits
         return [float(v) for v in values]
 
@@ -94,6 +94,14 @@ class ModelJudgeReward:
 
     def __call__(self, traj: Trajectory) -> float:
         return self.score_texts([judge_text(traj, self.max_docs)])[0]
+
+
+def _scores(model: nn.Module, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Last-real-token logits for decoder scorers with a `score` head (Qwen, Llama, the tiny model);
+    otherwise the model's own pooling (BERT-style encoders read their first token), right-padded."""
+    if hasattr(model, "score") and hasattr(model, getattr(model, "base_model_prefix", "") or "-"):
+        return sequence_scores(model, ids, mask)
+    return model(input_ids=ids, attention_mask=mask).logits[:, 0]
 
 
 def _load_local(path: Path, tokenizer: Any | None) -> tuple[nn.Module, Any]:
