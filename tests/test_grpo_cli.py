@@ -1,0 +1,110 @@
+"""`searchrl grpo`: help, clear errors, and one real run from files through `run_grpo`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import typer
+import yaml
+from typer.testing import CliRunner
+
+from searchrl.common.config import ConfigError
+from searchrl.grpo.commands import parse_overrides, register
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def grpo_app() -> typer.Typer:
+    app = typer.Typer()
+    register(app)
+
+    @app.callback()
+    def _root() -> None:
+        """Test root (forces typer to keep `grpo` as a subcommand)."""
+
+    return app
+
+
+def test_help_names_every_option() -> None:
+    result = CliRunner().invoke(grpo_app(), ["grpo", "--help"])
+    assert result.exit_code == 0
+    for option in ("--config", "--mode", "--output-dir", "--max-steps", "--set", "trl_loop", "our_rollout"):
+        assert option in result.output
+
+
+def test_overrides_are_parsed_as_yaml_and_bad_ones_named() -> None:
+    assert parse_overrides(["beta=0.04", "mode=trl_loop", "total_episodes=null"]) == {
+        "beta": 0.04,
+        "mode": "trl_loop",
+        "total_episodes": None,
+    }
+    with pytest.raises(ConfigError, match="FIELD=VALUE"):
+        parse_overrides(["beta"])
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--mode", "verl"], "mode"),
+        (["--set", "policy_model_path=null"], "policy_model_path"),
+        (["--set", "num_generationz=2"], "unknown field"),
+    ],
+)
+def test_bad_input_exits_2_with_the_reason(args: list[str], message: str) -> None:
+    config = str(REPO / "configs" / "grpo_tiny.yaml")
+    result = CliRunner().invoke(grpo_app(), ["grpo", "--config", config, *args])
+    assert result.exit_code == 2
+    assert message in result.output
+
+
+def test_one_step_from_files_writes_the_run_directory(tmp_path: Path) -> None:
+    from searchrl.common.io import write_jsonl
+    from searchrl.data.synthetic import generate, preset_config
+    from searchrl.models.tiny import TinyModelConfig, build_policy, tokenizer_training_texts, train_tokenizer
+    from searchrl.search.index import build_index
+
+    task = generate(preset_config("tiny", seed=1))
+    write_jsonl(tmp_path / "corpus.jsonl", task.corpus)
+    build_index(tmp_path / "corpus.jsonl", tmp_path / "index")
+    write_jsonl(tmp_path / "train.jsonl", task.splits["train"][:4])
+    write_jsonl(tmp_path / "dev.jsonl", task.splits["dev"][:2])
+    tok = train_tokenizer(tokenizer_training_texts(task.corpus, task.splits["train"]), vocab_size=600)
+    policy = build_policy(tok, TinyModelConfig(hidden_size=32, num_hidden_layers=1, intermediate_size=64))
+    policy.save_pretrained(tmp_path / "policy")
+    tok.save_pretrained(tmp_path / "policy")
+    config = {
+        "mode": "our_rollout",
+        "policy_model_path": str(tmp_path / "policy"),
+        "train_file": str(tmp_path / "train.jsonl"),
+        "dev_file": str(tmp_path / "dev.jsonl"),
+        "index_dir": str(tmp_path / "index"),
+        "tool_schema_in_prompt": False,
+        "max_steps": 1,
+        "per_device_train_batch_size": 2,
+        "num_generations": 2,
+        "max_turns": 2,
+        "max_new_tokens_per_turn": 8,
+        "max_episode_tokens": 16,
+        "max_observation_tokens": 16,
+        "eval_on_start": True,
+        "num_eval_questions": 2,
+    }
+    (tmp_path / "grpo.yaml").write_text(yaml.safe_dump(config))
+    run = tmp_path / "run"
+    result = CliRunner().invoke(
+        grpo_app(),
+        ["grpo", "--config", str(tmp_path / "grpo.yaml"), "--output-dir", str(run), "--set", "seed=5"],
+    )
+    assert result.exit_code == 0, result.output
+    assert result.output.strip().splitlines()[-1] == str(run)
+    assert yaml.safe_load((run / "config.yaml").read_text())["seed"] == 5
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert manifest["mode"] == "our_rollout" and manifest["index_fingerprint"]
+    lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert lines[0]["step"] == 0 and "eval/exact_match" in lines[0]  # the starting policy, evaluated
+    assert any(line.get("step") == 1 and "loss" in line for line in lines)
+    assert json.loads((run / "eval" / "step-0.json").read_text())["episode"] == 0
+    assert (run / "checkpoints" / "step-1" / "trainer_state.json").is_file()
+    assert len(list((run / "trajectories").glob("step-*.jsonl.gz"))) == 1
