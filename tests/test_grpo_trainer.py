@@ -314,11 +314,11 @@ def test_bad_configs_say_what_is_wrong(overrides: dict, message: str) -> None:
 
 
 def test_config_maps_onto_trls_grpo_config_for_cpu() -> None:
-    cfg = load_config(GRPORunConfig, REPO / "configs" / "grpo_tiny.yaml", {"total_episodes": 20})
-    assert cfg.num_steps == 3  # ceil(20 / 8 completions per step)
+    cfg = load_config(GRPORunConfig, REPO / "configs" / "grpo_tiny.yaml", {"total_episodes": 100})
+    assert cfg.num_steps == 4  # ceil(100 / 32 completions per step)
     args = cfg.to_trl_args(cuda_available=False)
     assert args.bf16 is False and args.use_cpu is True and args.gradient_checkpointing is False
-    assert args.max_steps == 3 and args.num_generations == 4 and args.beta == 0.0
+    assert args.max_steps == 4 and args.num_generations == 4 and args.beta == 0.0
     assert args.max_completion_length == cfg.max_episode_tokens
     assert args.max_tool_calling_iterations == cfg.max_turns - 1
     assert args.report_to in ([], "none", ["none"])
