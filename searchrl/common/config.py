@@ -8,6 +8,7 @@ refusing unknown keys and wrong types with a message that names the file and the
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import types
 import typing
 from pathlib import Path
@@ -107,8 +108,13 @@ def _from_dict(cls: type[T], data: dict, where: str) -> T:
     names = {f.name for f in dataclasses.fields(cls) if f.init}
     unknown = sorted(set(data) - names)
     if unknown:
+        # A typo is the usual cause: name the closest real field first, then list them all.
+        guesses = {u: difflib.get_close_matches(u, names, n=1) for u in unknown}
+        hint = "; ".join(f"did you mean {g[0]!r} for {u!r}?" for u, g in guesses.items() if g)
         raise ConfigError(
-            f"{where}: unknown field(s) {unknown} for {cls.__name__}; known fields: {sorted(names)}"
+            f"{where}: unknown field(s) {unknown} for {cls.__name__}"
+            + (f"; {hint}" if hint else "")
+            + f"; known fields: {sorted(names)}"
         )
     kwargs = {k: _coerce(v, hints[k], f"{where}.{k}" if where else k) for k, v in data.items()}
     try:
