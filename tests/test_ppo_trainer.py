@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import math
 
 import pytest
 import torch
@@ -542,3 +543,13 @@ def test_adaptive_kl_controller_is_fed_the_measured_kl(world, tmp_path):
     assert first["kl_coef_next"] < first["kl_coef"]
     assert second["objective/kl"] > 0 and second["kl_coef_next"] > second["kl_coef"]
     assert second["kl_coef"] == first["kl_coef_next"]
+
+
+def test_bf16_autocast_trains_and_fp16_is_refused_with_a_reason(world, tmp_path):
+    trainer = make_trainer(world, tmp_path, mixed_precision="bf16")
+    before = snapshot(trainer.policy)
+    metrics = trainer.step()
+    assert changed(before, trainer.policy) and math.isfinite(metrics["loss/policy_avg"])
+    assert next(trainer.policy.parameters()).dtype == torch.float32  # weights stay fp32; only compute is bf16
+    with pytest.raises(ValueError, match="use 'bf16'"):
+        make_trainer(world, tmp_path, mixed_precision="fp16")

@@ -344,6 +344,11 @@ class PPOTrainer:
         self._init_callbacks(callbacks)
         self.run = RunDir(args.output_dir)
         self.device = torch.device("cuda" if torch.cuda.is_available() and not args.use_cpu else "cpu")
+        if args.mixed_precision == "fp16":
+            raise ValueError(
+                "mixed_precision='fp16' needs loss scaling, which this trainer does not do; use 'bf16' "
+                "(autocast, no scaler needed) or 'no'"
+            )
         self._seed_everything(args.seed)
 
         # --- models -------------------------------------------------------------------------
@@ -459,6 +464,11 @@ class PPOTrainer:
         np.random.seed(seed % (2**32))
         torch.manual_seed(seed)
 
+    def _autocast(self) -> Any:
+        """bf16 autocast of the forward passes when `mixed_precision='bf16'` (logprobs and losses stay fp32)."""
+        enabled = self.args.mixed_precision == "bf16"
+        return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16, enabled=enabled)
+
     def _next_rows(self, n: int) -> list[dict]:
         """The next `n` training rows: a fresh permutation per data epoch, seeded by (seed, epoch)."""
         rows = []
@@ -547,7 +557,8 @@ class PPOTrainer:
         for i in range(0, B, self.args.local_rollout_forward_batch_size):
             idx = torch.arange(i, min(B, i + self.args.local_rollout_forward_batch_size))
             mb = {k: v[idx].to(self.device) for k, v in batch.items()}
-            logits, values = self.model(mb["input_ids"], mb["attention_mask"])
+            with self._autocast():
+                logits, values = self.model(mb["input_ids"], mb["attention_mask"])
             lps.append(
                 token_logprobs(
                     logits, mb["input_ids"], self.args.temperature, self.args.top_k, self.args.top_p
@@ -568,10 +579,11 @@ class PPOTrainer:
                 input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask), use_cache=False
             )
             if self.ref_model is None:  # PEFT: the reference is the policy with its adapter disabled
-                with self.policy.disable_adapter():
+                with self.policy.disable_adapter(), self._autocast():
                     logits = self.policy(**kwargs).logits
             else:
-                logits = self.ref_model(**kwargs).logits
+                with self._autocast():
+                    logits = self.ref_model(**kwargs).logits
             out.append(
                 token_logprobs(logits, ids, self.args.temperature, self.args.top_k, self.args.top_p).cpu()
             )
@@ -675,7 +687,8 @@ class PPOTrainer:
                 for ustart in range(0, len(mb_idx), micro):
                     idx = mb_idx[ustart : ustart + micro]
                     mb = {k: v.to(self.device) for k, v in trim_to_length(full, idx).items()}
-                    logits, vpred = self.model(mb["input_ids"], mb["attention_mask"])
+                    with self._autocast():
+                        logits, vpred = self.model(mb["input_ids"], mb["attention_mask"])
                     new_logprobs = token_logprobs(logits, mb["input_ids"], a.temperature, a.top_k, a.top_p)
                     pg, pg_stats = policy_loss(
                         new_logprobs, mb["old_logprobs"], mb["advantages"], mb["action_mask"], a.cliprange
