@@ -13,7 +13,13 @@ How the cache stays correct with rows that grow by different amounts: the cache 
 `(rows, kv_heads, columns, head_dim)`. When only some rows receive observation tokens, the other rows
 get the same number of padding columns, masked out by the 2-D attention mask. Position ids are counted
 per row (real tokens only), and keys are cached after RoPE, so padding in the middle of a row changes
-nothing; `_KVBatch.compact` squeezes padding out when it piles up.
+nothing; `_KVBatch.compact` squeezes padding out when it piles up. Identical prompts (a GRPO group's
+copies) are prefilled once and share their cache rows, and cache layers grow in place with spare room
+instead of concatenating the whole cache on every token.
+
+Failures: a policy's bad tool call is an observation (the environment's job). If the environment itself
+raises, only the rows that paused at that step end, with termination "error" and the exception in
+`Trajectory.metadata["error"]`; the other rows go on.
 
 Sampling and the recorded logprob (the definition PPO must reproduce, see `sampling_log_probs`):
 `logits / temperature`, then top-k, then top-p (nucleus over the tempered distribution) set the removed
