@@ -293,3 +293,18 @@ def test_load_preference_dataset_reads_jsonl_and_checks_it(tmp_path):
         load_preference_dataset(bad)
     with pytest.raises(ValueError, match="unsupported"):
         load_preference_dataset(tmp_path / "prefs.csv")
+
+
+def test_a_conversational_preference_dataset_trains_end_to_end(world):
+    rows = [
+        {
+            "prompt": [{"role": "user", "content": f"Where was person {i} born?"}],
+            "chosen": [{"role": "assistant", "content": f"<answer>City{i} [d{i}]</answer>"}],
+            "rejected": [{"role": "assistant", "content": f"City{i}"}],
+        }
+        for i in range(4)
+    ]
+    model = build_value_model(world["tok"], SCORER)
+    config = RewardModelConfig(max_steps=2, per_device_train_batch_size=2)
+    outcome = train_reward_model(model, world["tok"], Dataset.from_list(rows), config=config)
+    assert len(outcome.losses) == 2 and all(math.isfinite(x) for x in outcome.losses)
