@@ -46,7 +46,7 @@ def _existing(path: str | None, field_name: str, how: str) -> Path:
     return p
 
 
-SYNTH_HOW = "create the synthetic task with `searchrl data synth --size tiny --out data/tiny`"
+SYNTH_HOW = "create the synthetic task with `searchrl data synth --size tiny --out runs/demo/data` (or `searchrl demo`)"
 
 
 def load_questions(cfg: PPOConfig) -> tuple[list[dict], list[dict]]:
