@@ -553,3 +553,24 @@ def test_bf16_autocast_trains_and_fp16_is_refused_with_a_reason(world, tmp_path)
     assert next(trainer.policy.parameters()).dtype == torch.float32  # weights stay fp32; only compute is bf16
     with pytest.raises(ValueError, match="use 'bf16'"):
         make_trainer(world, tmp_path, mixed_precision="fp16")
+
+
+def test_invariant_14_search_r1_stop_strings_count_as_the_stop(world, tmp_path):
+    # Search-R1 turns end on a stop string (`</answer>`), with no EOS token: not a missing EOS.
+    trainer = make_trainer(
+        world,
+        tmp_path,
+        env={"protocol": "search_r1"},
+        missing_eos_penalty=1.0,
+        max_new_tokens_per_turn=48,
+        max_episode_tokens=400,
+    )
+    assert "</answer>" in trainer.stop_strings
+    trainer.generator.forcing = ScriptedPolicy(world["tok"], [["<answer>Quessa</answer>"]], append_eos=False)
+    (traj,), _ = trainer.rollout(QA[:1], seed=0)
+    trainer.generator.forcing = None
+    assert traj.termination == "answered"
+    assert traj.input_ids[traj.last_action_index] != world["tok"].eos_token_id
+    assert trainer.ends_with_stop(traj)
+    batch = collate_trajectories([traj], world["tok"].pad_token_id)
+    assert float(trainer.score([traj], batch)[0]) == pytest.approx(LikedTokens().score(traj)[0])
