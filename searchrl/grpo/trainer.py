@@ -22,7 +22,8 @@ greedy dev evaluation as `PPOTrainer.evaluate`), `trajectories/step-N.jsonl.gz` 
 `SearchGRPOTrainer` is TRL's class with one read-only hook: it remembers the batch rows (the
 `rollout_func` contract passes only the prompts, and our environments need `golds` and `id`) and the
 token-level output of `_generate` (TRL does not pass its tool mask to reward functions). Nothing in
-TRL's algorithm is changed.
+TRL's algorithm is changed. With compact prompts (`tool_schema_in_prompt: false`) `hide_tool_schemas`
+empties TRL's per-environment schema list so that its prompts carry no tool section either.
 """
 
 from __future__ import annotations
@@ -210,6 +211,15 @@ class EngineRollout:
         self.generation_config = generation_config
         self.calls = 0
         self.last_stats: dict[str, float] = {}
+        self._generator: HFGenerator | None = None
+
+    def _generator_for(self, model: Any, config: GenerationConfig) -> HFGenerator:
+        """One engine for the whole run (it caches the template glue); the model and seed follow the trainer."""
+        if self._generator is None or self._generator.model is not model:
+            self._generator = HFGenerator(model, self.tokenizer, config)
+        else:
+            self._generator.config = config
+        return self._generator
 
     def __call__(self, prompts: list[Any], trainer: SearchGRPOTrainer) -> dict[str, Any]:
         rows = trainer.current_inputs
@@ -221,7 +231,7 @@ class EngineRollout:
         # A new seed per generation batch: the same seed would repeat the same samples every step.
         config = replace(self.generation_config, seed=self.generation_config.seed * 1_000_003 + self.calls)
         self.calls += 1
-        generator = HFGenerator(model, self.tokenizer, config)
+        generator = self._generator_for(model, config)
         env_rows = [{k: row[k] for k in ROW_COLUMNS if k in row} for row in rows]
         batch = generator.rollout([self.env_factory() for _ in rows], env_rows)
         self.last_stats = dict(batch.stats)
@@ -354,7 +364,7 @@ class RubricReward:
     @staticmethod
     def batch_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:
         """Reward breakdown, the environment's tool statistics and terminations, batch means."""
-        out = {k: v for k, v in mean_breakdown(trajs).items()}
+        out = dict(mean_breakdown(trajs))
         out.update(tool_stats(trajs))
         out.update(termination_stats(trajs))
         out["answer/exact_match"] = sum(exact_match(t.answer or "", t.golds) for t in trajs) / max(
