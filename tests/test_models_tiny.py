@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import unicodedata
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -56,8 +58,36 @@ def test_protocol_tags_survive_decode(tok):
 @settings(max_examples=60, deadline=None)
 @given(st.text(max_size=80))
 def test_byte_level_round_trip_any_text(tok, text):
+    # Like Qwen2.5's tokenizer, ours normalises to NFC first; NFC text comes back exactly.
+    text = unicodedata.normalize("NFC", text)
     ids = tok.encode(text, add_special_tokens=False)
     assert tok.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False) == text
+
+
+@pytest.fixture(scope="module")
+def reloaded(tok, tmp_path_factory):
+    # Saved next to a Qwen2 config.json, AutoTokenizer picks Qwen2Tokenizer, which rebuilds the pipeline.
+    path = tmp_path_factory.mktemp("with_model")
+    build_policy(tok, SMALL).save_pretrained(path)
+    tok.save_pretrained(path)
+    return load_tokenizer(path)
+
+
+PIECES = [
+    *"abc XYZ019'!?\n\t<>|_-éß",
+    "Varnholt",
+    "  ",
+    "1203",
+    *PROTOCOL_TOKENS,
+    "<|im_end|>",
+    "<|im_start|>",
+]
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.sampled_from(PIECES), max_size=30).map("".join))
+def test_reloaded_tokenizer_gives_the_same_ids(tok, reloaded, text):
+    assert reloaded.encode(text, add_special_tokens=False) == tok.encode(text, add_special_tokens=False)
 
 
 def test_chat_template_is_trls_file_and_trl_accepts_it(tok):

@@ -400,3 +400,18 @@ def test_an_environment_that_raises_ends_only_its_rows_with_error(world):
     assert good.termination == "answered" and short.termination == "answered"
     check_masks_and_spans(bad)
     assert batch.stats["termination/error"] == pytest.approx(1 / 3)
+
+
+def test_a_model_loaded_from_a_local_directory_rolls_out_identically(world, tmp_path):
+    from searchrl.models.tiny import load_policy, load_tokenizer
+
+    world["model"].save_pretrained(tmp_path)
+    world["tok"].save_pretrained(tmp_path)
+    loaded = {"backend": world["backend"], "tok": load_tokenizer(tmp_path), "model": load_policy(tmp_path)}
+    fresh, _ = run(world, SCRIPTS[1:3])
+    again, envs = run(loaded, SCRIPTS[1:3])
+    for a, b, env in zip(fresh.trajectories, again.trajectories, envs, strict=True):
+        assert a.input_ids == b.input_ids and a.action_mask == b.action_mask
+        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs, strict=True)) <= 1e-5
+        decoded = loaded["tok"].decode(b.input_ids, skip_special_tokens=False)
+        assert render_conversation(loaded["tok"], b.messages, env.tools) == decoded + "\n"

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 from transformers import (
     AutoModelForCausalLM,
     AutoModelForSequenceClassification,
@@ -28,6 +28,7 @@ from transformers import (
     Qwen2ForCausalLM,
     Qwen2ForSequenceClassification,
 )
+from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX as QWEN2_PRETOKENIZE_REGEX
 from trl.chat_template_utils import add_response_schema
 
 PAD_TOKEN = "<|endoftext|>"
@@ -106,15 +107,26 @@ def train_tokenizer(
 ) -> PreTrainedTokenizerFast:
     """Train a byte-level BPE tokenizer on `texts` and dress it as a Qwen2.5 chat tokenizer.
 
-    Byte-level, so any text encodes; pad (`<|endoftext|>`) differs from EOS (`<|im_end|>`); left
-    padding for batched generation; the chat template is trl's Qwen2.5 file.
+    Byte-level, so any text encodes (after Unicode NFC normalisation, as Qwen2.5's tokenizer does); pad
+    (`<|endoftext|>`) differs from EOS (`<|im_end|>`); left padding for batched generation; the chat
+    template is trl's Qwen2.5 file. Saved next to the model, it reloads as `Qwen2Tokenizer` with
+    exactly the same token ids.
     """
     if vocab_size < 300:
         raise ValueError(
             f"vocab_size={vocab_size} is too small: byte-level BPE needs at least 256 + specials"
         )
-    core = Tokenizer(models.BPE())
-    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    # The same pipeline as transformers' Qwen2Tokenizer (NFC, Qwen's split regex, byte level): a directory
+    # holding the tokenizer next to a Qwen2 config.json is loaded as Qwen2Tokenizer, which rebuilds the
+    # pipeline from vocab + merges; with any other pipeline the reloaded tokenizer would split differently.
+    core = Tokenizer(models.BPE(dropout=None, unk_token=None, fuse_unk=False, byte_fallback=False))
+    core.normalizer = normalizers.NFC()
+    core.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN2_PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     core.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
