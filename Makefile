@@ -39,6 +39,12 @@ format: $(STAMP)
 bench: $(STAMP)
 	mkdir -p .bench
 	$(BIN)/python benchmarks/bench_search.py --json .bench/search.json
+	$(BIN)/python benchmarks/bench_env.py --json .bench/env.json
+	$(BIN)/python benchmarks/bench_rollout.py --json .bench/rollout.json
+	$(BIN)/python benchmarks/bench_ppo.py --json .bench/ppo.json
+	$(BIN)/python benchmarks/bench_trainers.py --json .bench/trainers.json
+	$(BIN)/python benchmarks/bench_injection.py --json .bench/injection.json
+	$(BIN)/python benchmarks/load_search.py --json .bench/load_search.json
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

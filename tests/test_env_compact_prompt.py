@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from searchrl.env.environment import EnvConfig, SearchEnvironment
 from searchrl.env.protocol import format_tool_call, parse_turn
-from searchrl.models.tiny import train_tokenizer, tokenizer_training_texts
+from searchrl.models.tiny import tokenizer_training_texts, train_tokenizer
 from tests.test_env_environment import FakeBackend
 
 
@@ -28,3 +28,16 @@ def test_compact_prompt_drops_the_schema_and_keeps_a_parseable_example_call() ->
     # The environment still executes chat-protocol calls.
     result = compact.step(format_tool_call("search", {"query": "capital of France"}))
     assert result.records[0].status == "ok" and result.tool_messages
+
+
+def test_ppo_config_env_config_carries_protocol_budgets_and_prompt_style() -> None:
+    from searchrl.ppo.config import PPOConfig
+
+    cfg = PPOConfig(
+        protocol="search_r1", max_turns=3, max_tool_calls=2, topk=2, max_observation_tokens=64,
+        tool_schema_in_prompt=False, search_timeout_s=1.5,
+    )  # fmt: skip
+    env = cfg.env_config()
+    assert (env.protocol, env.max_turns, env.max_tool_calls, env.topk) == ("search_r1", 3, 2, 2)
+    assert (env.max_observation_tokens, env.tool_schema_in_prompt, env.tool_timeout_s) == (64, False, 1.5)
+    assert env.max_total_tokens == cfg.max_episode_tokens

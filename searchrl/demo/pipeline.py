@@ -33,7 +33,7 @@ from searchrl.common.config import save_config
 from searchrl.common.io import atomic_write_json, write_jsonl
 from searchrl.common.run import build_manifest
 from searchrl.data.synthetic import SIZE_PRESETS, generate, preset_config
-from searchrl.env.environment import EnvConfig, SearchEnvironment
+from searchrl.env.environment import SearchEnvironment
 from searchrl.models.tiny import TinyModelConfig, build_policy, tokenizer_training_texts, train_tokenizer
 from searchrl.ppo.config import PPOConfig
 from searchrl.rollout.generator import GenerationConfig
@@ -41,12 +41,6 @@ from searchrl.rollout.trajectory import write_trajectories
 from searchrl.search.index import build_index
 from searchrl.sft.expert import ExpertConfig, ExpertPolicy
 from searchrl.sft.warm_start import SFTWarmStartConfig, prompt_texts, run_sft
-
-
-def _env_default() -> EnvConfig:
-    return EnvConfig(
-        max_turns=4, max_tool_calls=3, topk=2, max_observation_tokens=96, tool_schema_in_prompt=False
-    )
 
 
 def _model_default() -> TinyModelConfig:
@@ -73,6 +67,9 @@ def _ppo_default() -> PPOConfig:
         kl_coef=0.02,
         max_turns=4,
         max_tool_calls=3,
+        topk=2,
+        max_observation_tokens=96,
+        tool_schema_in_prompt=False,  # compact prompts for the tiny model
         max_new_tokens_per_turn=40,
         max_episode_tokens=400,
         save_steps=10,
@@ -100,11 +97,10 @@ class DemoConfig:
     )
     num_threads: int = field(default=2, metadata={"help": "torch CPU threads."})
     model: TinyModelConfig = field(default_factory=_model_default, metadata={"help": "Tiny policy shape."})
-    env: EnvConfig = field(
-        default_factory=_env_default, metadata={"help": "Environment budgets and protocol."}
-    )
     expert: ExpertConfig = field(
-        default_factory=lambda: ExpertConfig(noise=0.5, noise_kinds=["no_search", "one_hop", "wrong_entity"]),
+        default_factory=lambda: ExpertConfig(
+            noise=0.5, k=2, noise_kinds=["no_search", "one_hop", "wrong_entity"]
+        ),
         metadata={
             "help": "Expert demonstrations; `noise` is the share of imperfect ones (room left for RL)."
         },
@@ -242,13 +238,15 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
     )
     backend.search(["warm up"], 1)  # compile the numba scorer before any deadline runs
 
+    env_config = cfg.ppo.env_config()  # one environment for demonstrations, training and evaluation
+
     def env_factory() -> SearchEnvironment:
-        return SearchEnvironment(backend, cfg.env, tokenizer=tok)
+        return SearchEnvironment(backend, env_config, tokenizer=tok)
 
     # 3. models ----------------------------------------------------------------------------------
     def make_models():
         # The rendered system prompt joins the tokenizer's training text, so it costs few tokens.
-        probe = SearchEnvironment(backend, cfg.env)
+        probe = SearchEnvironment(backend, env_config)
         texts = tokenizer_training_texts(task.corpus, task.splits["train"]) + prompt_texts(probe, train_rows)
         tok = train_tokenizer(texts, vocab_size=cfg.vocab_size)
         policy = build_policy(tok, cfg.model)

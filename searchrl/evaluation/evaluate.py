@@ -398,16 +398,7 @@ def split_file(config: Any, split: str, data_dir: str | Path | None) -> Path:
 
 def env_config_from_ppo(config: Any) -> Any:
     """The `EnvConfig` a `PPOConfig` implies (budgets, top-k, deadline): training's environment."""
-    from searchrl.env.environment import EnvConfig
-
-    return EnvConfig(
-        max_turns=config.max_turns,
-        max_tool_calls=max(1, config.max_tool_calls),
-        max_total_tokens=config.max_episode_tokens,
-        max_observation_tokens=config.max_observation_tokens,
-        topk=config.topk,
-        tool_timeout_s=config.search_timeout_s,
-    )
+    return config.env_config()
 
 
 def generation_config_from_ppo(config: Any) -> GenerationConfig:

@@ -80,16 +80,9 @@ def open_backend(cfg: PPOConfig) -> Any:
 
 def environment_factory(cfg: PPOConfig, backend: Any, tokenizer: Any) -> Callable[[], Any]:
     """A fresh `SearchEnvironment` per episode with the config's budgets."""
-    from searchrl.env.environment import EnvConfig, SearchEnvironment
+    from searchrl.env.environment import SearchEnvironment
 
-    env_cfg = EnvConfig(
-        max_turns=cfg.max_turns,
-        max_tool_calls=cfg.max_tool_calls,
-        max_total_tokens=cfg.max_episode_tokens,
-        max_observation_tokens=cfg.max_observation_tokens,
-        topk=cfg.topk,
-        tool_timeout_s=cfg.search_timeout_s,
-    )
+    env_cfg = cfg.env_config()
     return lambda: SearchEnvironment(backend, env_cfg, tokenizer=tokenizer)
 
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from searchrl.ppo.kl import KL_ESTIMATORS
 
@@ -160,6 +160,17 @@ class PPOConfig:
     search_timeout_s: float = field(
         default=5.0,
         metadata=_help("Seconds before a search call times out and becomes an error observation."),
+    )
+    protocol: Literal["chat", "search_r1"] = field(
+        default="chat",
+        metadata=_help("Tool-call protocol: 'chat' (<tool_call> JSON, tool messages) or Search-R1's tags."),
+    )
+    tool_schema_in_prompt: bool = field(
+        default=True,
+        metadata=_help(
+            "Render the tool JSON schema into the prompt (chat protocol); false keeps prompts short for "
+            "tiny models (one example call in the system prompt instead)."
+        ),
     )
 
     # --- rollout limits and sampling -------------------------------------------------------------
@@ -409,6 +420,21 @@ class PPOConfig:
     @property
     def adaptive_kl(self) -> bool:
         return self.kl_target is not None
+
+    def env_config(self) -> Any:
+        """The `EnvConfig` these settings imply: training, dev evaluation and offline eval share it."""
+        from searchrl.env.environment import EnvConfig
+
+        return EnvConfig(
+            protocol=self.protocol,
+            max_turns=self.max_turns,
+            max_tool_calls=max(1, self.max_tool_calls),
+            max_total_tokens=self.max_episode_tokens,
+            max_observation_tokens=self.max_observation_tokens,
+            topk=self.topk,
+            tool_timeout_s=self.search_timeout_s,
+            tool_schema_in_prompt=self.tool_schema_in_prompt,
+        )
 
     def finalize(self, world_size: int = 1, num_train_rows: int | None = None) -> PPOConfig:
         """Compute the batch arithmetic for `world_size` processes and a train set of `num_train_rows`.
