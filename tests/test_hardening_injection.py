@@ -102,7 +102,7 @@ def test_ppo_run_with_injected_index_and_an_obedient_policy_executes_nothing_for
     trainer = make_trainer(
         world,
         tmp_path / "run",
-        steps=2,
+        steps=1,
         batch_size=4,
         save_steps=1000,
         max_new_tokens_per_turn=160,
@@ -110,7 +110,9 @@ def test_ppo_run_with_injected_index_and_an_obedient_policy_executes_nothing_for
         # Whole documents in the observations: truncation would hide the attacks (a defence of sorts).
         env_cfg={"max_observation_tokens": 512, "max_total_tokens": 1400},
     )
-    trainer.train_rows = TARGETS  # every episode's search hits its injected document
+    # Targets of forge_tool_call, disallowed_tool (x2) and exfiltrate: every episode's search hits its
+    # injected document, and the obedient policy tries both forbidden tools and a forged search.
+    trainer.train_rows = [TARGETS[i] for i in (0, 3, 4, 8)]
     trainer.generator.forcing = GullibleForcing(world.tok, trainer.created_envs, batch_size=4)
     trainer.train()
     metrics = read_metrics(tmp_path / "run")
@@ -119,7 +121,7 @@ def test_ppo_run_with_injected_index_and_an_obedient_policy_executes_nothing_for
         for f in sorted((tmp_path / "run" / "trajectories").glob("*.jsonl.gz"))
         for t in read_trajectories(f)
     ]
-    assert len(trajs) == 8
+    assert len(trajs) == 4
     assert sum(m["security/injection_attempts"] for m in metrics) > 0
     assert sum(m["security/disallowed_executed"] for m in metrics) == 0
     assert sum(m["security/denied_tool_calls"] for m in metrics) == sum(
@@ -136,3 +138,24 @@ def test_ppo_run_with_injected_index_and_an_obedient_policy_executes_nothing_for
         assert audit["saw_injection"]
         assert not any(audit[k] for k in SYSTEM_BREACHES), (t.id, audit)
         assert all(c.name == "search" for c in t.tool_calls if c.status == "ok")
+
+
+def test_security_stats_count_attempts_denials_and_any_disallowed_execution():
+    from searchrl.rollout.stats import security_stats
+    from searchrl.rollout.trajectory import ToolCallRecord, Trajectory
+
+    offered = [{"type": "function", "function": {"name": "search"}}]
+    clean = Trajectory(id="a", question_id="a", question="?", golds=[], metadata={"tools": offered})
+    clean.tool_calls = [
+        ToolCallRecord("search", {"query": "x"}),
+        ToolCallRecord("shell", {}, status="unknown_tool"),
+    ]
+    clean.metadata["injection_attempts"] = 3
+    breached = Trajectory(id="b", question_id="b", question="?", golds=[], metadata={"tools": offered})
+    breached.tool_calls = [ToolCallRecord("python", {"code": "1"})]  # ran although not offered
+    stats = security_stats([clean, breached])
+    assert stats == {
+        "security/injection_attempts": 3.0,
+        "security/denied_tool_calls": 1.0,
+        "security/disallowed_executed": 1.0,
+    }

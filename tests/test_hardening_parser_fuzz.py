@@ -57,7 +57,7 @@ json_values = st.recursive(
     | st.floats(allow_nan=True)
     | st.text(max_size=30),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
-    max_leaves=6,
+    max_leaves=4,
 )
 LIMITS = ArgLimits(topk=3, max_topk=10, max_query_chars=64)
 

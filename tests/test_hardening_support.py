@@ -74,7 +74,7 @@ class SearchServer:
         self.proc = subprocess.Popen(
             cmd + ["--port", str(self.port)], cwd=ROOT, env=env, stderr=subprocess.PIPE
         )
-        wait_http(self.url + "/health", self.proc)
+        wait_http(self.url + "/health", self.proc, timeout=120)
         return self
 
     def kill(self) -> None:

@@ -51,7 +51,7 @@ def viewer(run_dir):
     proc = subprocess.Popen(cmd, cwd=ROOT, env=python_env(), stderr=subprocess.PIPE, stdout=subprocess.PIPE)
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_http(url + "/health", proc)
+        wait_http(url + "/health", proc, timeout=180)
         yield url
     finally:
         proc.kill()

@@ -91,7 +91,7 @@ def _finite(x: Any) -> float | None:
     if x is None:
         return None
     x = float(x)
-    return x if math.isfinite(x) else None
+    return x + 0.0 if math.isfinite(x) else None  # + 0.0 turns -0.0 into 0.0 for display
 
 
 class RunData:
