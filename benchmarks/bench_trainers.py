@@ -237,10 +237,15 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=1, help="Untimed first steps per trainer.")
     parser.add_argument("--episodes-per-step", type=int, default=8, help="Episodes per optimizer step.")
     parser.add_argument("--num-generations", type=int, default=2, help="GRPO group size.")
-    parser.add_argument("--questions", type=int, default=4, help="Distinct training questions.")
+    parser.add_argument(
+        "--questions",
+        type=int,
+        default=8,
+        help="Distinct training questions (>= episodes per step, for PPO).",
+    )
     parser.add_argument("--max-turns", type=int, default=3, help="Turns per episode (searches: one fewer).")
     parser.add_argument("--max-episode-tokens", type=int, default=200, help="Tokens after the prompt.")
-    parser.add_argument("--warm-steps", type=int, default=80, help="Supervised warm-start steps.")
+    parser.add_argument("--warm-steps", type=int, default=160, help="Supervised warm-start steps.")
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads.")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
