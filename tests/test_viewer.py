@@ -110,7 +110,12 @@ def test_trajectory_detail_tokens_kinds_score_and_tool_calls(viewer, run_dir):
     tokens = detail["tokens"]
     assert [t["id"] for t in tokens] == traj.input_ids
     assert [t["kind"] == "action" for t in tokens] == [bool(m) for m in traj.action_mask]
-    assert {t["kind"] for t in tokens} >= {"prompt", "action", "observation"}
+    assert {t["kind"] for t in tokens} >= {"prompt", "action", "observation", "glue"}
+    # Observation tokens are exactly the document text; the tool-message template around it is glue.
+    observed = "".join(t["text"] for t in tokens if t["kind"] == "observation")
+    assert observed == "".join(traj.observations)
+    glue = "".join(t["text"] for t in tokens if t["kind"] == "glue")
+    assert "<tool_response>" in glue and "<|im_start|>" in glue
     # Decoded one id at a time with the checkpoint's tokenizer, the pieces rebuild the action text.
     actions = "".join(t["text"] for t in tokens if t["kind"] == "action")
     assert "<tool_call>" in actions and "<answer>" in actions

@@ -187,17 +187,35 @@ def summary_row(entry: Entry) -> dict[str, Any]:
     }
 
 
-def token_kinds(traj: Trajectory) -> list[str]:
-    """The span kind of every position; positions no span covers are template glue."""
+def token_kinds(traj: Trajectory, tokenizer: Any = None) -> list[str]:
+    """The span kind of every position; positions no span covers are template glue.
+
+    An observation span holds the chat template's tool-message glue around the document text; with a
+    tokenizer, the tokens outside the text's own ids (found as a contiguous run) are marked glue.
+    """
     kinds = ["glue"] * len(traj.input_ids)
     for span in traj.spans:
         for i in range(max(0, span.start), min(span.end, len(kinds))):
             kinds[i] = span.kind
+        if span.kind == "observation" and span.text and tokenizer is not None:
+            _mark_observation_glue(kinds, traj.input_ids, span, tokenizer)
     # The action mask is the ground truth of what was sampled, whatever the spans say.
     for i, m in enumerate(traj.action_mask):
         if m:
             kinds[i] = "action"
     return kinds
+
+
+def _mark_observation_glue(kinds: list[str], ids: list[int], span: Any, tokenizer: Any) -> None:
+    content = tokenizer.encode(span.text, add_special_tokens=False)
+    window = ids[span.start : span.end]
+    n = len(content)
+    for offset in range(0, len(window) - n + 1):
+        if window[offset : offset + n] == content:
+            for i in range(span.start, span.end):
+                if not span.start + offset <= i < span.start + offset + n:
+                    kinds[i] = "glue"
+            return
 
 
 def per_token(traj: Trajectory, name: str) -> list[float | None]:
@@ -210,7 +228,7 @@ def per_token(traj: Trajectory, name: str) -> list[float | None]:
 
 
 def token_rows(traj: Trajectory, tokenizer: Any) -> list[dict[str, Any]]:
-    kinds = token_kinds(traj)
+    kinds = token_kinds(traj, tokenizer)
     advantages, kls, values = (per_token(traj, k) for k in ("advantages", "kl", "values"))
     decode = _decoder(tokenizer) if tokenizer is not None else None
     texts = [decode(i) for i in traj.input_ids] if decode else _texts_from_spans(traj)
