@@ -53,7 +53,7 @@ from searchrl.rewards.combine import Rubric, default_rubric, load_rubric, mean_b
 from searchrl.rewards.qa import exact_match, f1_score
 from searchrl.rollout.generator import GenerationConfig, HFGenerator
 from searchrl.rollout.stats import termination_stats, tool_stats
-from searchrl.rollout.trajectory import Span, Trajectory, write_trajectories
+from searchrl.rollout.trajectory import Span, ToolCallRecord, Trajectory, write_trajectories
 from searchrl.search.base import Backend
 
 try:  # TRL is a hard dependency; the import is here so the error names what to install
@@ -262,6 +262,58 @@ def spans_from_mask(prompt_length: int, mask: Sequence[int]) -> list[Span]:
     return spans
 
 
+# How TRL's loop reports a call it could not dispatch (unknown argument, exception before our method ran).
+TRL_TOOL_ERROR_PREFIX = "{'error':"
+
+
+def unexecuted_call_records(completion: Sequence[dict[str, Any]]) -> list[ToolCallRecord]:
+    """The calls of a TRL rollout that never reached our environment, as our environment would record them.
+
+    So the rubric scores the same text the same way in both modes:
+    - a `<tool_call>` TRL's parser rejected (TRL falls back to plain text and ends the episode; our
+      environment records it as ``malformed``), found by parsing each assistant message's text;
+    - a call TRL parsed but could not dispatch (its tool message holds TRL's ``{'error': ...}``), which
+      our environment would have rejected as ``invalid_arguments``.
+    """
+    records: list[ToolCallRecord] = []
+    turn_index = -1
+    for message in completion:
+        content = message.get("content")
+        if message.get("role") == "assistant":
+            turn_index += 1
+            if isinstance(content, str) and content:
+                turn = parse_turn(content)
+                for problem in turn.malformed:
+                    records.append(
+                        ToolCallRecord("", {}, status="malformed", error=problem, turn_index=turn_index)
+                    )
+                for call in turn.tool_calls:  # well-formed for us, yet TRL did not run it
+                    records.append(
+                        ToolCallRecord(
+                            call.name,
+                            dict(call.arguments),
+                            status="malformed",
+                            error="not a tool call TRL's parser accepts",
+                            turn_index=turn_index,
+                        )
+                    )
+        elif (
+            message.get("role") == "tool"
+            and isinstance(content, str)
+            and content.startswith(TRL_TOOL_ERROR_PREFIX)
+        ):
+            records.append(
+                ToolCallRecord(
+                    str(message.get("name", "")),
+                    {},
+                    status="invalid_arguments",
+                    error=content,
+                    turn_index=turn_index,
+                )
+            )
+    return records
+
+
 def _termination(final: dict[str, Any], answered: bool, ended_with_eos: bool) -> str:
     if final.get("tool_calls"):
         # The loop stopped with a call it never ran: the iteration cap, or the token budget rolled it back.
@@ -305,7 +357,7 @@ def trajectory_from_trl(
         prompt_length=n_prompt,
         spans=spans_from_mask(n_prompt, mask),
         messages=list(prompt) + list(completion),
-        tool_calls=list(env.records),
+        tool_calls=[*env.records, *unexecuted_call_records(completion)],
         observations=list(env.observations),
         retrieved=dict(env.retrieved),
         answer=turn.answer if answered else None,
