@@ -11,7 +11,7 @@ import yaml
 from typer.testing import CliRunner
 
 from searchrl.common.config import ConfigError
-from searchrl.grpo.commands import parse_overrides, register
+from searchrl.grpo.commands import build_config, parse_overrides, register
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -57,6 +57,13 @@ def test_bad_input_exits_2_with_the_reason(args: list[str], message: str) -> Non
     result = CliRunner().invoke(grpo_app(), ["grpo", "--config", config, *args])
     assert result.exit_code == 2
     assert message in result.output
+
+
+def test_max_steps_replaces_the_episode_budget_and_options_beat_set() -> None:
+    config = REPO / "configs" / "grpo_tiny.yaml"
+    assert build_config(config).num_steps == 20  # total_episodes 640 / 32 per step
+    cfg = build_config(config, mode="trl_loop", max_steps=3, pairs=["mode=our_rollout", "beta=0.01"])
+    assert (cfg.total_episodes, cfg.num_steps, cfg.mode, cfg.beta) == (None, 3, "trl_loop", 0.01)
 
 
 def test_one_step_from_files_writes_the_run_directory(tmp_path: Path) -> None:

@@ -31,6 +31,23 @@ def parse_overrides(pairs: list[str]) -> dict[str, Any]:
     return out
 
 
+def build_config(
+    path: Path,
+    mode: str | None = None,
+    output_dir: str | None = None,
+    max_steps: int | None = None,
+    pairs: list[str] | None = None,
+) -> GRPORunConfig:
+    """The run's config: the YAML file, then `--set` pairs, then the named options (later ones win)."""
+    overrides = parse_overrides(pairs or [])
+    for key, value in (("mode", mode), ("output_dir", output_dir), ("max_steps", max_steps)):
+        if value is not None:
+            overrides[key] = value
+    if max_steps is not None:
+        overrides["total_episodes"] = None  # an episode budget would override the explicit step count
+    return load_config(GRPORunConfig, path, overrides)
+
+
 def grpo(
     config: Annotated[
         Path, typer.Option("--config", help="GRPORunConfig YAML, e.g. configs/grpo_tiny.yaml.")
@@ -47,7 +64,10 @@ def grpo(
         str | None, typer.Option("--output-dir", help="Run directory (default: the config's output_dir).")
     ] = None,
     max_steps: Annotated[
-        int | None, typer.Option("--max-steps", help="Optimizer steps (default: the config's max_steps).")
+        int | None,
+        typer.Option(
+            "--max-steps", help="Optimizer steps; replaces the config's max_steps and total_episodes budget."
+        ),
     ] = None,
     set_: Annotated[
         list[str] | None,
@@ -57,12 +77,8 @@ def grpo(
     """Train a search agent with GRPO (TRL 1.16) on the same task, rewards and budgets as PPO."""
     from searchrl.grpo.trainer import run_grpo
 
-    overrides = parse_overrides(set_ or [])
-    for key, value in (("mode", mode), ("output_dir", output_dir), ("max_steps", max_steps)):
-        if value is not None:
-            overrides[key] = value
     try:
-        cfg = load_config(GRPORunConfig, config, overrides)
+        cfg = build_config(config, mode=mode, output_dir=output_dir, max_steps=max_steps, pairs=set_ or [])
         run_dir = run_grpo(cfg)
     except (ConfigError, FileNotFoundError) as e:
         typer.echo(f"error: {e}", err=True)
