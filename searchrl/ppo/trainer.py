@@ -22,10 +22,20 @@ What differs from TRL 1.12 on purpose (see `reference/trl.md` §1.5-1.7): an exp
 instead of "first pad" validity, the score on the last *action* token, the optimizer stepped per
 mini-batch, gradients clipped, masked statistics, the critic checkpointed, resume supported, pad ≠ eos
 required, separate learning rates for policy and value.
+
+Several processes (`accelerate launch --num_processes N`): an `accelerate.Accelerator` made in `__init__`
+wraps the policy+critic module in DDP and the optimizer; on one process it changes nothing. Each rank
+rolls out its own slice of the global batch (rank r takes rows r, r+N, ... of the step's rows) with its
+own sampling seed, the micro-batch token weights are made global (the mini-batch's action-token count is
+all-reduced), gradients are averaged by DDP once per mini-batch (`no_sync` on the other micro-batches),
+the whitening statistics and the KL fed to the controller are computed over all ranks, and metrics are
+averaged over ranks and logged once by the main process, which also writes checkpoints and one
+trajectory file per step holding every rank's trajectories.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import math
@@ -41,13 +51,15 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
+from accelerate import Accelerator
+from accelerate.utils import gather_object
 from torch import nn
 from transformers import AutoModelForSequenceClassification, get_scheduler
 
 from searchrl.common.config import save_config
 from searchrl.common.io import append_jsonl, atomic_write_json
 from searchrl.common.run import RunDir, build_manifest
-from searchrl.ppo.advantages import compute_gae, masked_mean, masked_whiten, place_rewards
+from searchrl.ppo.advantages import WHITEN_EPS, compute_gae, masked_mean, masked_whiten, place_rewards
 from searchrl.ppo.config import PPOConfig
 from searchrl.ppo.kl import AdaptiveKLController, FixedKLController, kl_penalty
 from searchrl.ppo.losses import policy_loss, value_loss
@@ -343,13 +355,21 @@ class PPOTrainer:
         self.rubric = reward_funcs
         self._init_callbacks(callbacks)
         self.run = RunDir(args.output_dir)
-        self.device = torch.device("cuda" if torch.cuda.is_available() and not args.use_cpu else "cpu")
+        # One process: a no-op wrapper (the device is the one the trainer always picked). Several processes
+        # (`accelerate launch`): rank, world size, DDP/DeepSpeed and the collectives come from here.
+        self.accelerator = Accelerator(cpu=args.use_cpu or not torch.cuda.is_available())
+        self.rank = self.accelerator.process_index
+        self.world_size = self.accelerator.num_processes
+        self.is_main = self.accelerator.is_main_process
+        self.uses_deepspeed = getattr(self.accelerator.state, "deepspeed_plugin", None) is not None
+        self.device = self.accelerator.device
         if args.mixed_precision == "fp16":
             raise ValueError(
                 "mixed_precision='fp16' needs loss scaling, which this trainer does not do; use 'bf16' "
                 "(autocast, no scaler needed) or 'no'"
             )
-        self._seed_everything(args.seed)
+        # Different seeds per rank (TRL's `seed + rank * 100003`); DDP broadcasts rank 0's weights anyway.
+        self._seed_everything(args.seed + self.rank * 100003)
 
         # --- models -------------------------------------------------------------------------
         already_peft = hasattr(model, "disable_adapter")
@@ -370,17 +390,18 @@ class PPOTrainer:
             model.gradient_checkpointing_enable()
         self.model = PolicyAndValue(model, value_model, args.value_mode).to(self.device)
         self.policy = self.model.policy
-        self.reward_model = (
-            FrozenRewardModel(reward_model.to(self.device)) if reward_model is not None else None
-        )
         for m in (self.policy, value_model, ref_model, reward_model):
             if m is not None:
                 disable_dropout(m)
-        if self.ref_model is not None:
-            self.ref_model.to(self.device).eval()
 
         # --- batch arithmetic (TRL 1.12's names) --------------------------------------------
-        args.finalize(world_size=1, num_train_rows=len(self.train_rows))
+        args.finalize(world_size=self.world_size, num_train_rows=len(self.train_rows))
+        if self.uses_deepspeed:
+            self._configure_deepspeed()
+        reward_model = self._prepare_for_inference(reward_model)
+        self.reward_model = FrozenRewardModel(reward_model) if reward_model is not None else None
+        if self.ref_model is not None:
+            self.ref_model = self._prepare_for_inference(self.ref_model).eval()
         self.num_total_batches = args.num_total_batches
 
         # --- optimizer and scheduler: one optimizer, two param groups (policy lr, value lr) ----
@@ -420,6 +441,12 @@ class PPOTrainer:
             num_warmup_steps=args.warmup_steps,
             num_training_steps=max(1, self.num_optimizer_steps),
         )
+        # The module the gradient passes go through: DDP (or a DeepSpeed engine) over the same parameters
+        # as `self.model`, which stays the plain module for rollouts, no-grad passes and checkpoints. The
+        # scheduler is not prepared: accelerate's wrapper would step it once per process.
+        self.wrapped_model: nn.Module = self.model
+        if self.world_size > 1 or self.uses_deepspeed:
+            self.wrapped_model, self.optimizer = self.accelerator.prepare(self.model, self.optimizer)
 
         # --- KL control ----------------------------------------------------------------------
         if args.kl_target is not None:
@@ -457,6 +484,82 @@ class PPOTrainer:
         self.lr_scale = 1.0  # product of the guard's learning-rate cuts, re-applied after every load
 
     # -----------------------------------------------------------------------------------------
+    # several processes: DeepSpeed set-up and the cross-rank statistics (identity on one process)
+    # -----------------------------------------------------------------------------------------
+    def _configure_deepspeed(self) -> None:
+        """Fill the batch fields DeepSpeed needs but cannot infer without a dataloader (NOT run here).
+
+        One DeepSpeed "step" is one of our optimizer steps: `micro_batches_per_mini_batch` micro-batches of
+        `per_device_train_batch_size` episodes; gradient clipping moves into the engine.
+        """
+        ds_config = self.accelerator.state.deepspeed_plugin.deepspeed_config
+        ds_config["train_micro_batch_size_per_gpu"] = self.args.per_device_train_batch_size
+        ds_config["gradient_accumulation_steps"] = self.args.micro_batches_per_mini_batch
+        ds_config["gradient_clipping"] = self.args.max_grad_norm
+
+    def _prepare_for_inference(self, model: nn.Module | None) -> nn.Module | None:
+        """Reference and reward models: frozen, no optimizer. DeepSpeed shards them for inference
+        (`trl.models.prepare_deepspeed`, ZeRO-3 aware); otherwise they are only moved to the device."""
+        if model is None:
+            return None
+        if self.uses_deepspeed:
+            from trl.models import prepare_deepspeed
+
+            return prepare_deepspeed(model, self.accelerator)
+        return model.to(self.device)
+
+    def _global_sum(self, value: torch.Tensor) -> torch.Tensor:
+        """Sum of a scalar tensor over all ranks (the tensor itself on one process)."""
+        if self.world_size == 1:
+            return value
+        total = value.detach().to(self.device, torch.float64).reshape(1)
+        return self.accelerator.reduce(total, reduction="sum").reshape(()).to(value.dtype).cpu()
+
+    def _global_mean(self, per_episode: torch.Tensor) -> float:
+        """Mean over every rank's episodes (all ranks hold equally many, so a mean of means is exact)."""
+        if self.world_size == 1:
+            return float(per_episode.mean())
+        return float(self._global_sum(per_episode.double().mean())) / self.world_size
+
+    def _whiten(self, values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True) -> torch.Tensor:
+        """`masked_whiten` with the mean and unbiased variance taken over all ranks' action tokens."""
+        if self.world_size == 1:
+            return masked_whiten(values, mask, shift_mean=shift_mean)
+        valid = mask.bool()
+        kept = torch.where(valid, values, torch.zeros_like(values)).double()
+        count = self._global_sum(valid.sum().double())
+        if float(count) < 2:
+            raise ValueError(
+                "whitening over all ranks needs at least 2 action tokens; use larger batches or set "
+                "whiten_advantages=False / whiten_rewards=False"
+            )
+        mean = self._global_sum(kept.sum()) / count
+        sq = self._global_sum((torch.where(valid, kept - mean, torch.zeros_like(kept)) ** 2).sum())
+        variance = sq / (count - 1)
+        whitened = (values.double() - mean) * torch.rsqrt(variance + WHITEN_EPS)
+        if not shift_mean:
+            whitened = whitened + mean
+        return torch.where(valid, whitened, torch.zeros_like(whitened)).to(values.dtype)
+
+    def _reduce_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
+        """The same metrics on every rank: means over ranks (maxima for `*max*` keys).
+
+        A key only some ranks report (e.g. search latency when one rank made no call) is averaged over
+        the ranks that have it. Percentiles and standard deviations become means of per-rank values.
+        """
+        if self.world_size == 1:
+            return metrics
+        per_rank = gather_object([metrics])
+        out: dict[str, float] = {}
+        for key in metrics.keys() | {k for m in per_rank for k in m}:
+            values = [float(m[key]) for m in per_rank if key in m]
+            out[key] = float(max(values)) if "max" in key else float(np.mean(values))
+        out["step"], out["episode"] = metrics["step"], metrics["episode"]
+        return dict(
+            sorted(out.items(), key=lambda kv: list(metrics).index(kv[0]) if kv[0] in metrics else 1e9)
+        )
+
+    # -----------------------------------------------------------------------------------------
     # data and seeds
     # -----------------------------------------------------------------------------------------
     def _seed_everything(self, seed: int) -> None:
@@ -487,9 +590,24 @@ class PPOTrainer:
     # -----------------------------------------------------------------------------------------
     # 1. rollout
     # -----------------------------------------------------------------------------------------
+    def _shard(self, rows: list[dict]) -> list[dict]:
+        """This rank's slice of the step's rows: rows r, r + N, r + 2N, ... (all of them on one process)."""
+        return rows[self.rank :: self.world_size]
+
     @torch.no_grad()
     def rollout(
         self, rows: list[dict], seed: int, temperature: float | None = None
+    ) -> tuple[list[Trajectory], dict]:
+        if self.uses_deepspeed:
+            # ZeRO-3 partitions the weights: gather them for generation (NOT run in this session).
+            from trl.models import unwrap_model_for_generation
+
+            with unwrap_model_for_generation(self.wrapped_model, self.accelerator):
+                return self._rollout(rows, seed, temperature)
+        return self._rollout(rows, seed, temperature)
+
+    def _rollout(
+        self, rows: list[dict], seed: int, temperature: float | None
     ) -> tuple[list[Trajectory], dict]:
         self.policy.eval()
         envs = [self.env_factory() for _ in rows]
@@ -595,8 +713,9 @@ class PPOTrainer:
     def step(self) -> dict[str, float]:
         a = self.args
         t0 = time.perf_counter()
-        rows = self._next_rows(a.local_batch_size)
-        trajs, rollout_stats = self.rollout(rows, seed=a.seed * 1_000_003 + self.global_step)
+        rows = self._shard(self._next_rows(a.batch_size))
+        step_seed = a.seed * 1_000_003 + self.global_step + self.rank * 100003
+        trajs, rollout_stats = self.rollout(rows, seed=step_seed)
         t_rollout = time.perf_counter() - t0
         batch = collate_trajectories(trajs, self.tokenizer.pad_token_id)
         action_mask = batch["action_mask"]
@@ -614,24 +733,25 @@ class PPOTrainer:
         kl = kl_penalty(old_logprobs, ref_logprobs, a.kl_estimator) * action_mask
         rewards = place_rewards(scores, kl, action_mask, self.kl_ctl.value)
         if a.whiten_rewards:
-            rewards = masked_whiten(rewards, action_mask, shift_mean=False) * action_mask
+            rewards = self._whiten(rewards, action_mask, shift_mean=False) * action_mask
 
         # 5. advantages: GAE over action tokens only; returns from the raw advantages.
         advantages, returns = compute_gae(rewards, old_values * action_mask, action_mask, a.gamma, a.lam)
         if a.whiten_advantages:
-            advantages = masked_whiten(advantages, action_mask) * action_mask
+            advantages = self._whiten(advantages, action_mask) * action_mask
 
         # 6. optimise
         train_stats = self._optimise(batch, old_logprobs, old_values * action_mask, advantages, returns)
 
-        # 7. control: the KL controller sees the batch mean of per-trajectory summed KL (TRL's unit).
+        # 7. control: the KL controller sees the batch mean of per-trajectory summed KL (TRL's unit), over
+        # all ranks, and counts the global batch, so every rank holds the same coefficient.
         seq_kl = (kl * action_mask).sum(1)
-        mean_kl = float(seq_kl.mean())
+        mean_kl = self._global_mean(seq_kl)
         kl_coef_used = float(self.kl_ctl.value)  # the coefficient in this step's rewards, logged as such
-        self.kl_ctl.update(mean_kl, a.local_batch_size)
+        self.kl_ctl.update(mean_kl, a.batch_size)
 
         self.global_step += 1
-        self.episode += len(trajs)
+        self.episode += len(trajs) * self.world_size
         n_action = action_mask.sum(1).clamp(min=1)
         non_score = (-kl_coef_used * kl * action_mask).sum(1)
         metrics: dict[str, float] = {
@@ -656,6 +776,7 @@ class PPOTrainer:
             **{k: float(v) for k, v in rollout_stats.items() if isinstance(v, int | float)},
         }
         metrics.update(self._reward_metrics(trajs))
+        metrics = self._reduce_metrics(metrics)
         self._save_trajectories(
             trajs, {"advantages": advantages, "kl": kl, "values": old_values * action_mask}
         )
@@ -683,32 +804,31 @@ class PPOTrainer:
             perm = torch.randperm(B, generator=gen)
             for start in range(0, B, mb_size):
                 mb_idx = perm[start : start + mb_size]
-                mb_tokens = full["action_mask"][mb_idx].sum().clamp(min=1.0)
-                for ustart in range(0, len(mb_idx), micro):
+                # The token count of the whole mini-batch over all ranks: the weights below then give
+                # the token-level mean over the global mini-batch (DDP averages over ranks, hence x N).
+                mb_tokens = self._global_sum(full["action_mask"][mb_idx].sum()).clamp(min=1.0)
+                micro_starts = list(range(0, len(mb_idx), micro))
+                for j, ustart in enumerate(micro_starts):
                     idx = mb_idx[ustart : ustart + micro]
                     mb = {k: v.to(self.device) for k, v in trim_to_length(full, idx).items()}
-                    with self._autocast():
-                        logits, vpred = self.model(mb["input_ids"], mb["attention_mask"])
-                    new_logprobs = token_logprobs(logits, mb["input_ids"], a.temperature, a.top_k, a.top_p)
-                    pg, pg_stats = policy_loss(
-                        new_logprobs, mb["old_logprobs"], mb["advantages"], mb["action_mask"], a.cliprange
+                    # Gradients are all-reduced once per mini-batch, on its last micro-batch only.
+                    last_micro = j == len(micro_starts) - 1
+                    sync = (
+                        contextlib.nullcontext()
+                        if last_micro
+                        else self.accelerator.no_sync(self.wrapped_model)
                     )
-                    vf, vf_stats = value_loss(
-                        vpred, mb["old_values"], mb["returns"], mb["action_mask"], a.cliprange_value
+                    with sync:
+                        stats_mb = self._micro_batch_backward(mb, mb_tokens)
+                    for k, v in stats_mb.items():
+                        stats[k].append(v)
+                if self.uses_deepspeed:
+                    # The engine clipped and stepped at its accumulation boundary (NOT run here).
+                    grad_norm = self.wrapped_model.get_global_grad_norm() or 0.0
+                else:
+                    grad_norm = torch.nn.utils.clip_grad_norm_(
+                        [p for p in self.model.parameters() if p.requires_grad], a.max_grad_norm
                     )
-                    # Each micro-batch's masked mean weighted by its share of the mini-batch's action
-                    # tokens: the sum equals the token-level mean over the whole mini-batch.
-                    weight = mb["action_mask"].sum() / mb_tokens.to(self.device)
-                    ((pg + a.vf_coef * vf) * weight).backward()
-                    stats["pg"].append(pg.item())
-                    stats["vf"].append(vf.item())
-                    stats["pg_clip"].append(float(pg_stats["clipfrac"]))
-                    stats["vf_clip"].append(float(vf_stats["clipfrac"]))
-                    stats["approxkl"].append(float(pg_stats["approxkl"]))
-                    stats["ratio"].append(float(pg_stats["ratio"]))
-                grad_norm = torch.nn.utils.clip_grad_norm_(
-                    [p for p in self.model.parameters() if p.requires_grad], a.max_grad_norm
-                )
                 stats["grad_norm"].append(float(grad_norm))
                 self.optimizer.step()
                 self.lr_scheduler.step()
@@ -725,6 +845,33 @@ class PPOTrainer:
             "policy/first_ratio": stats["ratio"][0],
             "policy/first_approxkl": stats["approxkl"][0],
             "grad_norm": float(np.mean(stats["grad_norm"])),
+        }
+
+    def _micro_batch_backward(self, mb: dict[str, torch.Tensor], mb_tokens: torch.Tensor) -> dict[str, float]:
+        """Forward and backward of one micro-batch, weighted by its share of the mini-batch's action tokens."""
+        a = self.args
+        with self._autocast():
+            logits, vpred = self.wrapped_model(mb["input_ids"], mb["attention_mask"])
+        new_logprobs = token_logprobs(logits, mb["input_ids"], a.temperature, a.top_k, a.top_p)
+        pg, pg_stats = policy_loss(
+            new_logprobs, mb["old_logprobs"], mb["advantages"], mb["action_mask"], a.cliprange
+        )
+        vf, vf_stats = value_loss(
+            vpred, mb["old_values"], mb["returns"], mb["action_mask"], a.cliprange_value
+        )
+        # Each micro-batch's masked mean weighted by its share of the mini-batch's action tokens: the sum
+        # equals the token-level mean over the whole (global) mini-batch.
+        weight = mb["action_mask"].sum() / mb_tokens.to(self.device)
+        if self.world_size > 1:
+            weight = weight * self.world_size  # DDP divides the summed gradients by the world size
+        self.accelerator.backward((pg + a.vf_coef * vf) * weight)
+        return {
+            "pg": pg.item(),
+            "vf": vf.item(),
+            "pg_clip": float(pg_stats["clipfrac"]),
+            "vf_clip": float(vf_stats["clipfrac"]),
+            "approxkl": float(pg_stats["approxkl"]),
+            "ratio": float(pg_stats["ratio"]),
         }
 
     def _reward_metrics(self, trajs: list[Trajectory]) -> dict[str, float]:
@@ -755,7 +902,12 @@ class PPOTrainer:
                 # trajectory viewer, cut to this trajectory's own length; 0 on non-action tokens.
                 for name, values in (per_token or {}).items():
                     t.metadata[name] = [round(float(x), 5) for x in values[i, : len(t.input_ids)]]
-            write_trajectories(self.run.trajectories / f"step-{self.global_step:06d}.jsonl.gz", trajs)
+                if self.world_size > 1:
+                    t.metadata["rank"] = self.rank
+            if self.world_size > 1:
+                trajs = gather_object(list(trajs))  # one file per step, every rank's episodes, rank order
+            if self.is_main:
+                write_trajectories(self.run.trajectories / f"step-{self.global_step:06d}.jsonl.gz", trajs)
 
     # -----------------------------------------------------------------------------------------
     # evaluation on held-out rows (same prompt, retriever, decoding and answer extraction as offline eval)
@@ -781,24 +933,36 @@ class PPOTrainer:
         }
         if self.rubric is not None:
             out["eval/reward"] = float(np.mean([self.rubric.score(t)[0] for t in trajs]))
-        atomic_write_json(self.run.eval / f"step-{self.global_step}.json", {"step": self.global_step, **out})
+        if self.is_main:  # every rank evaluates the same rows with the same weights and seeds
+            atomic_write_json(
+                self.run.eval / f"step-{self.global_step}.json", {"step": self.global_step, **out}
+            )
         return out
 
     # -----------------------------------------------------------------------------------------
     # checkpoints: written to a temporary folder, then renamed; `trainer_state.json` marks completion
     # -----------------------------------------------------------------------------------------
     def save_checkpoint(self) -> Path:
+        """Written by the main process; every rank waits until it is complete, then may read it."""
         final = self.run.checkpoint_dir(self.global_step)
+        if self.is_main:
+            self._write_checkpoint(final)
+        self.accelerator.wait_for_everyone()
+        self._callback("on_save")
+        return final
+
+    def _write_checkpoint(self, final: Path) -> None:
         tmp = final.with_name(f".tmp-{final.name}")
         if tmp.exists():
             shutil.rmtree(tmp)
         tmp.mkdir(parents=True)
-        self.policy.save_pretrained(tmp / "policy")  # with PEFT: the adapter only (the base is frozen)
+        model = self.accelerator.unwrap_model(self.wrapped_model)  # the plain PolicyAndValue, not DDP
+        model.policy.save_pretrained(tmp / "policy")  # with PEFT: the adapter only (the base is frozen)
         self.tokenizer.save_pretrained(tmp / "policy")
-        if self.model.value_mode == "separate":
-            self.model.value_model.save_pretrained(tmp / "value")
+        if model.value_mode == "separate":
+            model.value_model.save_pretrained(tmp / "value")
         else:
-            torch.save(self.model.value_head.state_dict(), tmp / "value_head.pt")
+            torch.save(model.value_head.state_dict(), tmp / "value_head.pt")
         torch.save(
             {
                 "optimizer": self.optimizer.state_dict(),
@@ -827,8 +991,6 @@ class PPOTrainer:
             shutil.rmtree(final)
         os.replace(tmp, final)
         self._prune_checkpoints(keep=final)
-        self._callback("on_save")
-        return final
 
     def _prune_checkpoints(self, keep: Path) -> None:
         """Honour `save_total_limit`, never deleting the newest one or the guard's rollback target."""
@@ -881,8 +1043,9 @@ class PPOTrainer:
             ckpt = self.run.latest_checkpoint()
             if ckpt is not None:
                 self.load_checkpoint(ckpt)
-                self._truncate_metrics_after(self.global_step)
-        if self.global_step == 0:
+                if self.is_main:
+                    self._truncate_metrics_after(self.global_step)
+        if self.global_step == 0 and self.is_main:
             save_config(a, self.run.config)
             self.run.write_manifest(
                 build_manifest(
@@ -896,8 +1059,8 @@ class PPOTrainer:
                     },
                 )
             )
-            if a.collapse_guard:
-                self.last_good_checkpoint = self.save_checkpoint()
+        if self.global_step == 0 and a.collapse_guard:
+            self.last_good_checkpoint = self.save_checkpoint()
         self._callback("on_train_begin")
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
@@ -907,7 +1070,7 @@ class PPOTrainer:
             MofNCompleteColumn(),
             TimeRemainingColumn(),
             TextColumn("{task.fields[info]}"),
-            disable=not a.progress_bar,
+            disable=not a.progress_bar or not self.is_main,
         )
         with progress:
             task = progress.add_task("ppo", total=self.num_total_batches, completed=self.global_step, info="")
@@ -919,7 +1082,8 @@ class PPOTrainer:
                 if not rollback and self.unverified_checkpoint is not None:
                     # This step's rollouts came from the unverified weights and passed the guard.
                     self.last_good_checkpoint, self.unverified_checkpoint = self.unverified_checkpoint, None
-                append_jsonl(self.run.metrics, metrics)
+                if self.is_main:  # metrics are already the same on every rank: logged once
+                    append_jsonl(self.run.metrics, metrics)
                 self._callback("on_log", logs=metrics)
                 self._callback("on_step_end")
                 if not rollback and a.save_steps and self.global_step % a.save_steps == 0:
@@ -952,7 +1116,8 @@ class PPOTrainer:
         if reason is None or self.last_good_checkpoint is None:
             return False
         if self.rollbacks >= self.args.collapse_max_rollbacks:
-            append_jsonl(self.run.metrics, {**metrics, "guard/reason": reason, "guard/gave_up": 1.0})
+            if self.is_main:
+                append_jsonl(self.run.metrics, {**metrics, "guard/reason": reason, "guard/gave_up": 1.0})
             raise RuntimeError(
                 f"collapse guard: the run collapsed again at step {self.global_step} ({reason}) after "
                 f"{self.rollbacks} rollbacks (collapse_max_rollbacks={self.args.collapse_max_rollbacks}); "
@@ -1029,6 +1194,8 @@ class PPOTrainer:
     def _callback(self, event: str, **kwargs: Any) -> None:
         self.state.global_step = self.global_step
         self.state.max_steps = self.num_total_batches
+        # transformers' integrations (tensorboard, ...) report only from the main process.
+        self.state.is_world_process_zero = self.state.is_local_process_zero = self.is_main
         handler = self.callback_handler
         handler.model, handler.optimizer, handler.lr_scheduler = (
             self.policy,
