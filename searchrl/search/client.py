@@ -13,10 +13,14 @@ never retried (the same request would fail again); a refused connection, a timeo
 connection or a 5xx is transient and retried with exponential backoff and jitter, then becomes
 `SearchTimeout` (if the last failure was a timeout) or `SearchUnavailable`. A call never takes longer
 than `deadline_s` = attempts x (connect + read timeout) + the largest possible backoff total.
+
+`AsyncHTTPBackend` adds `asearch` / `asearch_many` coroutines with the same semantics and a concurrency
+limit, for callers that keep many batches in flight against one shared service.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import random
 import threading
@@ -254,3 +258,119 @@ class HTTPBackend:
         if len(hits) != n_queries:
             raise SearchUnavailable(f"{where}: sent {n_queries} queries but got {len(hits)} result lists")
         return hits
+
+
+class AsyncHTTPBackend(HTTPBackend):
+    """`HTTPBackend` with an `asearch` coroutine: many batches in flight, at most `max_concurrency` at once.
+
+    Why: one search service on its own host serves many rollout workers; an asyncio caller (a vLLM-style
+    rollout loop, an evaluation sweep) should keep several requests in flight without opening an
+    unbounded number of connections. The limit is an `asyncio.Semaphore` held only while a request is on
+    the wire, not during a retry's backoff pause, so a failing server does not block the healthy slots.
+
+    Same semantics as the sync client: a 4xx is `BadSearchRequest` and never retried; refused or dropped
+    connections, timeouts and 5xx are retried with jittered exponential backoff within `deadline_s`, then
+    become `SearchTimeout` (last failure a timeout) or `SearchUnavailable`. The inherited sync `search`
+    still works. `stats["max_in_flight"]` records the most requests that were on the wire together.
+    """
+
+    def __init__(self, url: str, max_concurrency: int = 8, **kwargs: Any):
+        if not isinstance(max_concurrency, int) or max_concurrency < 1:
+            raise ValueError(
+                f"max_concurrency must be an int >= 1 (requests on the wire at once), got {max_concurrency!r}"
+            )
+        super().__init__(url, **kwargs)
+        self.max_concurrency = max_concurrency
+        self._headers = dict(self._client.headers)
+        # Both bind to the running event loop on first use, so they are made lazily inside it.
+        self._aclient: httpx.AsyncClient | None = None
+        self._semaphore: asyncio.Semaphore | None = None
+        self._in_flight = 0
+        self.stats["max_in_flight"] = 0
+
+    def _async_parts(self) -> tuple[httpx.AsyncClient, asyncio.Semaphore]:
+        if self._aclient is None or self._semaphore is None:
+            limits = httpx.Limits(max_connections=self.max_concurrency)
+            self._aclient = httpx.AsyncClient(
+                headers=self._headers, timeout=self._timeout(self.read_timeout), limits=limits
+            )
+            self._semaphore = asyncio.Semaphore(self.max_concurrency)
+        return self._aclient, self._semaphore
+
+    async def aclose(self) -> None:
+        if self._aclient is not None:
+            await self._aclient.aclose()
+            self._aclient, self._semaphore = None, None
+        self.close()
+
+    async def asearch(self, queries: list[str], k: int) -> list[list[Hit]]:
+        """The async twin of `search`: one request per batch (one per query for the skyrl format)."""
+        if k < 1:
+            raise BadSearchRequest(f"k must be >= 1, got {k}")
+        if not queries:
+            return []
+        if self.protocol == "skyrl":
+            bodies = [{"query": q, "topk": k, "return_scores": True} for q in queries]
+            answers = await asyncio.gather(*(self._apost(b) for b in bodies))
+            return [self._parse(a, 1)[0] for a in answers]
+        if self.protocol == "flashrag":
+            body: dict[str, Any] = {"query": queries, "top_n": k, "return_score": True}
+        else:
+            body = {"queries": queries, "topk": k, "return_scores": True}
+        return self._parse(await self._apost(body), len(queries))
+
+    async def asearch_many(self, batches: list[list[str]], k: int) -> list[list[list[Hit]]]:
+        """Several batches concurrently (bounded by `max_concurrency`), answers in the order given."""
+        return list(await asyncio.gather(*(self.asearch(b, k) for b in batches)))
+
+    async def _apost(self, body: dict[str, Any]) -> Any:
+        client, semaphore = self._async_parts()
+        url = self.base_url + self.endpoint
+        deadline = time.monotonic() + self.deadline_s
+        last: Exception | None = None
+        timed_out = False
+        for attempt in range(self.attempts):
+            if attempt:
+                pause = min(self._backoff(attempt - 1), max(0.0, deadline - time.monotonic()))
+                await asyncio.sleep(pause)
+                self.stats["retries"] += 1
+            async with semaphore:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                self.stats["requests"] += 1
+                self._in_flight += 1
+                self.stats["max_in_flight"] = max(self.stats["max_in_flight"], self._in_flight)
+                try:
+                    r = await client.post(
+                        url, json=body, timeout=self._timeout(min(self.read_timeout, remaining))
+                    )
+                except httpx.TimeoutException as e:
+                    last, timed_out = e, True
+                    continue
+                except (httpx.TransportError, httpx.RemoteProtocolError) as e:
+                    last, timed_out = e, False
+                    continue
+                finally:
+                    self._in_flight -= 1
+            if r.status_code >= 500:
+                last, timed_out = RuntimeError(f"HTTP {r.status_code}: {r.text[:300]}"), False
+                continue
+            if r.status_code >= 400:
+                self.stats["failures"] += 1
+                raise BadSearchRequest(
+                    f"{url} rejected the request with HTTP {r.status_code}: {r.text[:500]}"
+                )
+            try:
+                return r.json()
+            except ValueError:
+                self.stats["failures"] += 1
+                raise SearchUnavailable(
+                    f"{url} answered HTTP {r.status_code} with a body that is not JSON"
+                ) from None
+        self.stats["failures"] += 1
+        detail = f"{type(last).__name__}: {last}" if last else "deadline reached"
+        msg = f"{url}: no answer after {self._attempts_message()} ({detail})"
+        if timed_out:
+            raise SearchTimeout(msg)
+        raise SearchUnavailable(msg)
