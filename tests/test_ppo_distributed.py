@@ -171,3 +171,21 @@ def test_two_process_ppo_keeps_ranks_in_sync_on_different_prompts(tmp_path):
         assert len(trajs) == 8
         assert sorted(t["metadata"]["rank"] for t in trajs) == [0] * 4 + [1] * 4
     assert (out / "run" / "checkpoints" / "step-2" / "trainer_state.json").exists()
+
+
+def test_shipped_accelerate_configs_parse_with_the_documented_engines():
+    from accelerate.commands.config.config_args import load_config_from_file
+    from accelerate.utils import DistributedType
+
+    want = {
+        "multi_cpu": (DistributedType.MULTI_CPU, None),
+        "multi_gpu": (DistributedType.MULTI_GPU, None),
+        "deepspeed_zero2": (DistributedType.DEEPSPEED, 2),
+        "deepspeed_zero3": (DistributedType.DEEPSPEED, 3),
+    }
+    shipped = sorted(p.stem for p in (ROOT / "configs" / "accelerate").glob("*.yaml"))
+    assert shipped == sorted(want)
+    for name, (engine, stage) in want.items():
+        cfg = load_config_from_file(str(ROOT / "configs" / "accelerate" / f"{name}.yaml"))
+        assert cfg.distributed_type == engine, name
+        assert (cfg.deepspeed_config or {}).get("zero_stage") == stage, name
