@@ -49,8 +49,21 @@ def all_trajectories(run_dir: Path):
     return [t for f in sorted((run_dir / "trajectories").glob("*.jsonl.gz")) for t in read_trajectories(f)]
 
 
+class FaultsWithBothKindsFirst(FaultInjectingBackend):
+    """Seeded 20% faults, but the first two calls are a timeout and an error.
+
+    A few batched calls at 10% + 10% may draw no timeout at all; the test's claims (timeouts cut at the
+    deadline, errors counted) need at least one of each whatever the policy's call pattern is.
+    """
+
+    def _draw_call_faults(self, n: int):
+        delay_ms, fault, per_query = super()._draw_call_faults(n)
+        forced = {1: "timeout", 2: "error"}.get(self.counters["calls"])
+        return delay_ms, forced or fault, per_query
+
+
 def test_ppo_run_with_20_percent_search_faults_completes_and_counts_every_failure(world, tmp_path):
-    faults = FaultInjectingBackend(world.backend, seed=5, timeout_rate=0.1, error_rate=0.1, timeout_s=3.0)
+    faults = FaultsWithBothKindsFirst(world.backend, seed=5, timeout_rate=0.1, error_rate=0.1, timeout_s=3.0)
     deadline_s = 0.5
     trainer = make_trainer(
         world,
