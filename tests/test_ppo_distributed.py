@@ -80,9 +80,15 @@ class Record(TrainerCallback):
 
 
 record = Record()
+peft_config = None
+if os.environ.get("WORKER_LORA") == "1":
+    from peft import LoraConfig
+
+    peft_config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0)
 trainer = PPOTrainer(
     args, world["tok"], copy.deepcopy(world["policy"]), None, None, rows,
     reward_funcs=LikedTokens(), environment=env_factory(world), callbacks=[record],
+    peft_config=peft_config,
 )
 initial = weights_hash(trainer)
 seen = []
@@ -96,6 +102,7 @@ dump = {
     "rank": rank, "world_size": trainer.world_size, "batch_size": args.batch_size,
     "local_batch_size": args.local_batch_size, "initial": initial, "hashes": record.hashes,
     "logs": record.logs, "seen": seen, "kl_coef": trainer.kl_ctl.value,
+    "is_peft": trainer.is_peft, "has_ref_copy": trainer.ref_model is not None,
 }
 (out / f"rank{rank}.json").write_text(json.dumps(dump))
 """
@@ -107,13 +114,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch_two_ranks(tmp_path: Path, worker_body: str) -> subprocess.CompletedProcess:
+def launch_two_ranks(tmp_path: Path, worker_body: str, **env_extra: str) -> subprocess.CompletedProcess:
     script = tmp_path / "worker.py"
     script.write_text(worker_body)
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), str(ROOT)]),
         "OMP_NUM_THREADS": "1",
+        **env_extra,
     }
     torchrun = Path(sys.executable).with_name("torchrun")
     cmd = [
@@ -171,6 +179,19 @@ def test_two_process_ppo_keeps_ranks_in_sync_on_different_prompts(tmp_path):
         assert len(trajs) == 8
         assert sorted(t["metadata"]["rank"] for t in trajs) == [0] * 4 + [1] * 4
     assert (out / "run" / "checkpoints" / "step-2" / "trainer_state.json").exists()
+
+
+def test_two_process_lora_ppo_keeps_the_adapters_in_sync(tmp_path):
+    # LoRA through peft_config: the reference is the policy with its adapter disabled (no frozen copy),
+    # only the adapters and the critic train, and DDP keeps them identical across ranks.
+    proc = launch_two_ranks(tmp_path, WORKER, WORKER_LORA="1")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    out = tmp_path / "out"
+    r0, r1 = (json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1))
+    assert r0["is_peft"] and not r0["has_ref_copy"]
+    assert r0["hashes"] == r1["hashes"]
+    assert len({r0["initial"], *r0["hashes"]}) == 3
+    assert (out / "run" / "checkpoints" / "step-2" / "policy" / "adapter_model.safetensors").exists()
 
 
 def test_shipped_accelerate_configs_parse_with_the_documented_engines():
