@@ -34,6 +34,7 @@ from searchrl.common.io import atomic_write_json, write_jsonl
 from searchrl.common.run import build_manifest
 from searchrl.data.synthetic import SIZE_PRESETS, generate, preset_config
 from searchrl.env.environment import SearchEnvironment
+from searchrl.evaluation import HEADLINE_METRICS
 from searchrl.models.tiny import TinyModelConfig, build_policy, tokenizer_training_texts, train_tokenizer
 from searchrl.ppo.config import PPOConfig
 from searchrl.rollout.generator import GenerationConfig
@@ -191,14 +192,7 @@ def _eval_split(policy, tok, rows, env_factory, cfg: DemoConfig, rubric) -> tupl
 
 
 def _headline(summary: dict) -> dict[str, float]:
-    keys = (
-        "exact_match",
-        "f1",
-        "citation_support",
-        "format_valid",
-        "searches_per_question",
-        "tool_failure_rate",
-    )
+    keys = HEADLINE_METRICS
     out = {k: summary[k] for k in keys if k in summary}
     out["ci95"] = {k: summary["ci95"][k] for k in keys if k in summary.get("ci95", {})}
     out["by_hops"] = {h: {k: g[k] for k in keys if k in g} for h, g in summary.get("by_hops", {}).items()}

@@ -12,15 +12,12 @@ from typing import Annotated, Any
 
 import typer
 
+from searchrl.evaluation import HEADLINE_METRICS
+
 VERDICT_STYLE = {"pass": "green", "warn": "yellow", "fail": "bold red", "skipped": "dim"}
 
 _TABLE_METRICS = (
-    "exact_match",
-    "f1",
-    "citation_support",
-    "format_valid",
-    "searches_per_question",
-    "tool_failure_rate",
+    *HEADLINE_METRICS,
     "action_tokens_per_question",
     "tokens_per_question",
     "reward",

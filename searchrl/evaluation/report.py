@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from searchrl.common.io import atomic_write_text
+from searchrl.evaluation import HEADLINE_METRICS
 from searchrl.evaluation.audit import AuditReport, audit_run, read_metrics
 from searchrl.rollout.trajectory import Trajectory, read_trajectories
 
@@ -207,12 +208,7 @@ def build_plots(metrics: Sequence[dict[str, Any]], evals: Sequence[dict[str, Any
 # -- tables -----------------------------------------------------------------------------------------
 
 EVAL_ROWS = (
-    "exact_match",
-    "f1",
-    "citation_support",
-    "format_valid",
-    "searches_per_question",
-    "tool_failure_rate",
+    *HEADLINE_METRICS,
     "action_tokens_per_question",
     "reward",
 )
