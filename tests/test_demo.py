@@ -1,0 +1,63 @@
+"""The smoke demo end to end: every stage runs and `summary.json` carries every key issue 6 names."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REQUIRED = ("exact_match", "f1", "citation_support", "searches_per_question", "tool_failure_rate")
+
+
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("demo") / "run"
+    cmd = [sys.executable, "-m", "searchrl.cli", "demo", "--smoke", "--quiet", "--out", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    headline = json.loads(proc.stdout[: proc.stdout.rindex("}") + 1])
+    assert set(headline) == {"sft.test.exact_match", "ppo.test.exact_match", "wall_seconds", "peak_rss_mb"}
+    return out
+
+
+def test_smoke_demo_writes_every_summary_key(smoke_run: Path) -> None:
+    summary = json.loads((smoke_run / "summary.json").read_text())
+    for stage in ("sft", "ppo"):
+        test = summary[stage]["test"]
+        for key in REQUIRED:
+            assert 0.0 <= test[key] <= (1.0 if key != "searches_per_question" else 10.0), (stage, key)
+            assert key in test["ci95"] and test["ci95"][key][0] <= test[key] <= test["ci95"][key][1]
+        assert set(test["by_hops"]) <= {"1", "2"} and test["by_hops"]
+    assert summary["ppo"]["steps"] >= 1 and summary["ppo"]["episodes"] >= 1
+    assert summary["wall_seconds"] > 0 and summary["peak_rss_mb"] > 100
+    stages = summary["stages_seconds"]
+    assert list(stages) == [
+        "data",
+        "index",
+        "models",
+        "expert",
+        "sft",
+        "eval sft",
+        "ppo",
+        "eval ppo",
+        "report",
+    ]
+    assert summary["num_demonstrations"] > 0 and summary["test_questions"] > 0
+    assert summary["manifest"]["versions"]["trl"] and summary["manifest"]["index_fingerprint"]
+    assert summary["improvement_exact_match"] == pytest.approx(
+        summary["ppo"]["test"]["exact_match"] - summary["sft"]["test"]["exact_match"]
+    )
+
+
+def test_smoke_demo_writes_the_run_artifacts(smoke_run: Path) -> None:
+    for rel in ("report.html", "eval/sft-test.json", "eval/ppo-test.json", "sft/expert.jsonl.gz",
+                "sft/policy/config.json", "ppo/metrics.jsonl", "ppo/manifest.json", "ppo/config.yaml",
+                "data/test.jsonl", "index/meta.json"):  # fmt: skip
+        assert (smoke_run / rel).exists(), rel
+    html = (smoke_run / "report.html").read_text()
+    assert "<img" in html and "http://" not in html.replace("http://127.0.0.1", "")
+    metrics = [json.loads(line) for line in (smoke_run / "ppo" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics][:2] == [1, 2]
