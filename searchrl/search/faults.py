@@ -93,9 +93,11 @@ class FaultInjectingBackend:
         if delay_ms:
             time.sleep(delay_ms / 1000.0)
         if fault == "timeout":
+            # Counted when injected, not after the hang: a caller that gave up at its deadline may
+            # read the counters while this thread still sleeps.
+            self._count("timeouts")
             if self.timeout_s:
                 time.sleep(self.timeout_s)
-            self._count("timeouts")
             raise SearchTimeout(f"injected timeout (fault injection, seed {self.seed})")
         if fault == "error":
             self._count("errors")
