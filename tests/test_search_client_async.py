@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import subprocess
 import threading
 import time
 
@@ -18,6 +19,20 @@ from test_search_support import ServerProcess, write_corpus
 from searchrl.search.base import BadSearchRequest, SearchTimeout, SearchUnavailable
 from searchrl.search.client import AsyncHTTPBackend
 from searchrl.search.index import build_index
+
+
+class PoolServer(ServerProcess):
+    """A `--workers N` server: SIGTERM first, so uvicorn's supervisor stops its worker processes too
+    (SIGKILL on the supervisor alone would leave the workers running)."""
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                super().stop()
+
 
 TOKEN = "async-token"
 QUERIES = ["capital of Veland", "rivers bridges", "Glass Harbor", "zzz nothing", "Quell Systems"]
@@ -31,7 +46,7 @@ def index(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(index):
-    with ServerProcess(index[1], token=TOKEN, extra=["--workers", "2"]) as s:
+    with PoolServer(index[1], token=TOKEN, extra=["--workers", "2"]) as s:
         yield s
 
 
