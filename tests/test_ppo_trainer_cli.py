@@ -101,3 +101,14 @@ def test_bad_input_gets_a_clear_error(setup):
     assert missing.exit_code == 2 and "searchrl data synth" in missing.output
     unknown = runner.invoke(app, ["train", "--config", str(SHIPPED), "--set", "kl_cof=0.1"])
     assert unknown.exit_code == 2 and "kl_cof" in unknown.output
+
+
+def test_http_search_backend_sends_the_token_from_the_environment(monkeypatch) -> None:
+    from searchrl.ppo.commands import open_backend
+    from searchrl.ppo.config import PPOConfig
+
+    cfg = PPOConfig(search_backend="http", search_url="http://127.0.0.1:9", output_dir="unused")
+    monkeypatch.setenv("SEARCHRL_SERVE_TOKEN", "s3cret")
+    assert open_backend(cfg)._client.headers["Authorization"] == "Bearer s3cret"
+    monkeypatch.delenv("SEARCHRL_SERVE_TOKEN")
+    assert "Authorization" not in open_backend(cfg)._client.headers

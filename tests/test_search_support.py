@@ -5,8 +5,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -67,7 +69,10 @@ class ServerProcess:
         env.pop("SEARCHRL_SERVE_TOKEN", None)
         if token:
             env["SEARCHRL_SERVE_TOKEN"] = token  # not on argv, as a real deployment would do
-        self.proc = subprocess.Popen(cmd + (extra or []), cwd=ROOT, env=env, stderr=subprocess.PIPE)
+        # Its own session: `stop` kills the whole group, uvicorn's worker processes included.
+        self.proc = subprocess.Popen(
+            cmd + (extra or []), cwd=ROOT, env=env, stderr=subprocess.PIPE, start_new_session=True
+        )
         self._wait_healthy()
 
     def _wait_healthy(self, timeout: float = 60.0) -> None:
@@ -84,9 +89,10 @@ class ServerProcess:
         raise RuntimeError("server did not become healthy in time")
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(timeout=10)
+        """SIGKILL the server and every worker it started (a crash, as the fault tests need)."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=10)
 
     def __enter__(self) -> ServerProcess:
         return self

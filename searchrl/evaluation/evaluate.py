@@ -18,6 +18,7 @@ the `timing` key so the rest of the JSON can be compared byte for byte.
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -434,7 +435,9 @@ def open_search(config: Any, index_dir: str | Path | None) -> Any:
     if config is not None and config.search_backend == "http":
         from searchrl.search.client import HTTPBackend
 
-        return HTTPBackend(config.search_url, read_timeout=config.search_timeout_s)
+        return HTTPBackend(
+            config.search_url, read_timeout=config.search_timeout_s, token=os.environ.get("SEARCHRL_SERVE_TOKEN")
+        )
     if config is not None and config.index_dir:
         return load_index(config.index_dir)
     raise FileNotFoundError(

@@ -729,7 +729,7 @@ def open_search_backend(cfg: GRPORunConfig) -> Backend:
     if cfg.search_url:
         from searchrl.search.client import HTTPBackend
 
-        return HTTPBackend(cfg.search_url)
+        return HTTPBackend(cfg.search_url, token=os.environ.get("SEARCHRL_SERVE_TOKEN"))
     raise ConfigError(
         "no search backend: set index_dir (from `searchrl index`) or search_url (`searchrl serve`)"
     )

@@ -12,6 +12,7 @@ Why a thin shell: everything the command does is `run_ppo(cfg)`, which the demo 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
@@ -65,7 +66,7 @@ def open_backend(cfg: PPOConfig) -> Any:
 
         if not cfg.search_url:
             raise ConfigError("search_backend is 'http' but search_url is not set (see `searchrl serve`)")
-        return HTTPBackend(cfg.search_url)
+        return HTTPBackend(cfg.search_url, token=os.environ.get("SEARCHRL_SERVE_TOKEN"))
     from searchrl.search.index import build_index, load_index
 
     if not cfg.index_dir:
