@@ -45,6 +45,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_trainers.py --json .bench/trainers.json
 	$(BIN)/python benchmarks/bench_injection.py --json .bench/injection.json
 	$(BIN)/python benchmarks/load_search.py --json .bench/load_search.json
+	$(BIN)/python benchmarks/bench_async_search.py --json .bench/async_search.json
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
