@@ -436,7 +436,9 @@ def open_search(config: Any, index_dir: str | Path | None) -> Any:
         from searchrl.search.client import HTTPBackend
 
         return HTTPBackend(
-            config.search_url, read_timeout=config.search_timeout_s, token=os.environ.get("SEARCHRL_SERVE_TOKEN")
+            config.search_url,
+            read_timeout=config.search_timeout_s,
+            token=os.environ.get("SEARCHRL_SERVE_TOKEN"),
         )
     if config is not None and config.index_dir:
         return load_index(config.index_dir)
