@@ -30,8 +30,17 @@ from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
-from searchrl.search.base import BadSearchRequest, Hit, SearchTimeout, SearchUnavailable, make_hit
+from searchrl.search.base import (
+    BadSearchRequest,
+    Hit,
+    SearchError,
+    SearchTimeout,
+    SearchUnavailable,
+    make_hit,
+)
 from searchrl.search.corpus import split_search_r1_contents
+
+_RETRY = object()  # `_answer`'s mark for a transient (5xx) answer
 
 PROTOCOL_PATHS = {"search_r1": "/retrieve", "flashrag": "/batch_search", "skyrl": "/retrieve"}
 
@@ -205,27 +214,34 @@ class HTTPBackend:
                 # Refused connection, reset, or a server that died mid-response.
                 last, timed_out = e, False
                 continue
-            if r.status_code >= 500:
+            answer = self._answer(url, r)
+            if answer is _RETRY:
                 last, timed_out = RuntimeError(f"HTTP {r.status_code}: {r.text[:300]}"), False
                 continue
-            if r.status_code >= 400:
-                self.stats["failures"] += 1
-                raise BadSearchRequest(
-                    f"{url} rejected the request with HTTP {r.status_code}: {r.text[:500]}"
-                )
-            try:
-                return r.json()
-            except ValueError:
-                self.stats["failures"] += 1
-                raise SearchUnavailable(
-                    f"{url} answered HTTP {r.status_code} with a body that is not JSON"
-                ) from None
+            return answer
+        raise self._exhausted(url, last, timed_out)
+
+    def _answer(self, url: str, r: httpx.Response) -> Any:
+        """The JSON of a final answer; `_RETRY` for a 5xx; a 4xx or a non-JSON body raises (never retried)."""
+        if r.status_code >= 500:
+            return _RETRY
+        if r.status_code >= 400:
+            self.stats["failures"] += 1
+            raise BadSearchRequest(f"{url} rejected the request with HTTP {r.status_code}: {r.text[:500]}")
+        try:
+            return r.json()
+        except ValueError:
+            self.stats["failures"] += 1
+            raise SearchUnavailable(
+                f"{url} answered HTTP {r.status_code} with a body that is not JSON"
+            ) from None
+
+    def _exhausted(self, url: str, last: Exception | None, timed_out: bool) -> SearchError:
+        """The error for a call whose retry budget or deadline ran out."""
         self.stats["failures"] += 1
         detail = f"{type(last).__name__}: {last}" if last else "deadline reached"
         msg = f"{url}: no answer after {self._attempts_message()} ({detail})"
-        if timed_out:
-            raise SearchTimeout(msg)
-        raise SearchUnavailable(msg)
+        return SearchTimeout(msg) if timed_out else SearchUnavailable(msg)
 
     def _attempts_message(self) -> str:
         return f"{self.attempts} attempt(s) within {self.deadline_s:.1f} s"
@@ -353,24 +369,9 @@ class AsyncHTTPBackend(HTTPBackend):
                     continue
                 finally:
                     self._in_flight -= 1
-            if r.status_code >= 500:
+            answer = self._answer(url, r)
+            if answer is _RETRY:
                 last, timed_out = RuntimeError(f"HTTP {r.status_code}: {r.text[:300]}"), False
                 continue
-            if r.status_code >= 400:
-                self.stats["failures"] += 1
-                raise BadSearchRequest(
-                    f"{url} rejected the request with HTTP {r.status_code}: {r.text[:500]}"
-                )
-            try:
-                return r.json()
-            except ValueError:
-                self.stats["failures"] += 1
-                raise SearchUnavailable(
-                    f"{url} answered HTTP {r.status_code} with a body that is not JSON"
-                ) from None
-        self.stats["failures"] += 1
-        detail = f"{type(last).__name__}: {last}" if last else "deadline reached"
-        msg = f"{url}: no answer after {self._attempts_message()} ({detail})"
-        if timed_out:
-            raise SearchTimeout(msg)
-        raise SearchUnavailable(msg)
+            return answer
+        raise self._exhausted(url, last, timed_out)
