@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from searchrl.common.config import ConfigError
+from searchrl.common.trl_args import cpu_safe_trainer_kwargs
 
 GRPO_MODES = ("trl_loop", "our_rollout")
 LOSS_TYPES = ("dapo", "grpo", "bnpo", "dr_grpo", "cispo", "sapo", "vespo", "luspo")
@@ -284,16 +285,10 @@ class GRPORunConfig:
             max_grad_norm=self.max_grad_norm,
             weight_decay=self.weight_decay,
             logging_steps=max(1, self.logging_steps),
-            save_strategy="no",
             eval_strategy="no",
-            report_to="none",
-            bf16=False,
-            fp16=False,
-            use_cpu=on_cpu,
             gradient_checkpointing=False,
-            disable_tqdm=True,
-            dataloader_num_workers=0,
             remove_unused_columns=False,
+            **cpu_safe_trainer_kwargs(use_cpu=on_cpu),
         )
 
 

@@ -36,6 +36,7 @@ import torch
 from torch import nn
 
 from searchrl.common.config import ConfigError
+from searchrl.common.trl_args import cpu_safe_trainer_kwargs
 
 # -- scoring (used by the PPO trainer; names and behaviour are a contract) --------------------------
 
@@ -404,15 +405,9 @@ def _reward_config(config: RewardModelConfig, output_dir: str) -> Any:
         logging_steps=config.logging_steps,
         seed=config.seed,
         data_seed=config.seed,
-        bf16=False,  # TRL's default bf16=True raises on a CPU-only box
-        fp16=False,
-        use_cpu=not torch.cuda.is_available(),
         activation_checkpointing=False,  # TRL defaults to on; pointless and slow for tiny models
-        report_to="none",
-        save_strategy="no",
         eval_strategy="no",
-        disable_tqdm=True,
-        dataloader_num_workers=0,
+        **cpu_safe_trainer_kwargs(),
     )
 
 

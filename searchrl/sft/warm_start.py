@@ -33,6 +33,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase, PrinterCallba
 
 from searchrl.common.config import ConfigError
 from searchrl.common.io import atomic_write_json
+from searchrl.common.trl_args import cpu_safe_trainer_kwargs
 from searchrl.env.environment import EnvConfig, SearchEnvironment
 from searchrl.env.protocol import parse_turn
 from searchrl.models.tiny import TinyModelConfig
@@ -142,7 +143,6 @@ class _LossRecorder(TrainerCallback):
 def _sft_config(config: SFTWarmStartConfig, output_dir: str) -> Any:
     from trl import SFTConfig
 
-    on_cpu = not torch.cuda.is_available()
     return SFTConfig(
         output_dir=output_dir,
         learning_rate=config.learning_rate,
@@ -157,19 +157,13 @@ def _sft_config(config: SFTWarmStartConfig, output_dir: str) -> Any:
         logging_steps=config.logging_steps,
         seed=config.seed,
         data_seed=config.seed,
-        bf16=False,  # TRL's default bf16=True raises on a CPU-only box
-        fp16=False,
-        use_cpu=on_cpu,
         activation_checkpointing=False,  # TRL defaults to on; pointless and slow for tiny models
-        report_to="none",
-        save_strategy="no",
-        disable_tqdm=True,
         # Our examples are already ids + labels: no re-tokenising, no truncation, no label rebuilding.
         dataset_kwargs={"skip_prepare_dataset": True},
         max_length=None,
         packing=False,
         padding_free=False,
-        dataloader_num_workers=0,
+        **cpu_safe_trainer_kwargs(),
     )
 
 
