@@ -49,6 +49,27 @@ def test_special_tokens_pad_differs_from_eos_and_left_padding(tok):
         assert len(tok.encode(tag, add_special_tokens=False)) == 1, tag
 
 
+def test_a_word_has_the_same_ids_wherever_it_stands(tok):
+    # The agent copies names from the question (" Varnholt") into queries ('"Varnholt') and answers
+    # (">Varnholt"); with Qwen's regex these were different ids, which a tiny model cannot learn to copy.
+    def ids_of_word(text: str, word: str) -> list[int]:
+        target = tok.encode(word, add_special_tokens=False)
+        ids = tok.encode(text, add_special_tokens=False)
+        for i in range(len(ids) - len(target) + 1):
+            if ids[i : i + len(target)] == target:
+                return target
+        raise AssertionError(
+            f"{word!r} is not tokenised on its own in {text!r}: {tok.convert_ids_to_tokens(ids)}"
+        )
+
+    for text in (
+        "In which province is Varnholt?",
+        '{"query": "Varnholt founded"}',
+        "<answer>Varnholt [d1]</answer>",
+    ):
+        assert ids_of_word(text, "Varnholt") == tok.encode("Varnholt", add_special_tokens=False)
+
+
 def test_protocol_tags_survive_decode(tok):
     text = '<tool_call>\n{"name": "search", "arguments": {"query": "Varnholt"}}\n</tool_call>'
     ids = tok.encode(text, add_special_tokens=False)
