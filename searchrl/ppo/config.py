@@ -353,9 +353,17 @@ class PPOConfig:
         ),
     )
     collapse_format_min: float | None = field(
-        default=0.5,
+        default=None,
         metadata=_help(
-            "Collapse if the mean format-validity reward (share of well-formed episodes) falls below this."
+            "Collapse if the mean format-validity reward (share of well-formed episodes) falls below this "
+            "absolute value. Off by default: a weak warm start may begin below any useful absolute bound."
+        ),
+    )
+    collapse_format_drop: float | None = field(
+        default=0.3,
+        metadata=_help(
+            "Collapse if the windowed mean format validity falls this far (absolute) below its value at the "
+            "run's first step (the warm start's own level, kept in checkpoints)."
         ),
     )
     collapse_reward_drop: float | None = field(
@@ -585,7 +593,12 @@ class PPOConfig:
             self.collapse_max_rollbacks,
             "must be >= 0",
         )
-        for name in ("collapse_entropy_min", "collapse_kl_max", "collapse_reward_drop"):
+        for name in (
+            "collapse_entropy_min",
+            "collapse_kl_max",
+            "collapse_reward_drop",
+            "collapse_format_drop",
+        ):
             value = getattr(self, name)
             _require(value is None or value >= 0, name, value, "must be >= 0, or null to turn this check off")
         _require(

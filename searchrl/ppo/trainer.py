@@ -246,6 +246,7 @@ class CollapseGuard:
         self.args = args
         self.history: list[dict[str, float]] = []
         self.best_reward: float | None = None
+        self.format_baseline: float | None = None  # format validity at the run's first step
 
     def check(self, metrics: dict[str, float]) -> str | None:
         """Return why the run is collapsing, or None when it is healthy."""
@@ -265,6 +266,13 @@ class CollapseGuard:
             reasons.append(f"KL to reference {mean['objective/kl']:.3g} > {a.collapse_kl_max}")
         if a.collapse_format_min is not None and mean.get("reward/format", 1.0) < a.collapse_format_min:
             reasons.append(f"format validity {mean['reward/format']:.3g} < {a.collapse_format_min}")
+        if self.format_baseline is None and "reward/format" in metrics:
+            self.format_baseline = float(metrics["reward/format"])
+        drop, start = a.collapse_format_drop, self.format_baseline
+        if drop is not None and start is not None and mean.get("reward/format", start) < start - drop:
+            reasons.append(
+                f"format validity {mean['reward/format']:.3g} fell more than {drop} below its start {start:.3g}"
+            )
         score = mean.get("objective/scores")
         if score is not None:
             drop = a.collapse_reward_drop
@@ -281,11 +289,16 @@ class CollapseGuard:
         self.history.clear()
 
     def state_dict(self) -> dict:
-        return {"history": self.history, "best_reward": self.best_reward}
+        return {
+            "history": self.history,
+            "best_reward": self.best_reward,
+            "format_baseline": self.format_baseline,
+        }
 
     def load_state_dict(self, d: dict) -> None:
         self.history = list(d.get("history", []))
         self.best_reward = d.get("best_reward")
+        self.format_baseline = d.get("format_baseline")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,0 +1,50 @@
+"""The collapse guard's format bound is relative to the run's own start (a weak warm start is not a collapse)."""
+
+from __future__ import annotations
+
+from searchrl.ppo.config import PPOConfig
+from searchrl.ppo.trainer import CollapseGuard
+
+
+def _args(**kw) -> PPOConfig:
+    base = dict(
+        output_dir="unused",
+        collapse_guard=True,
+        collapse_window=2,
+        collapse_entropy_min=None,
+        collapse_kl_max=None,
+        collapse_reward_drop=None,
+    )
+    return PPOConfig(**{**base, **kw})
+
+
+def _step(fmt: float) -> dict[str, float]:
+    return {"reward/format": fmt, "objective/scores": 0.0, "objective/kl": 0.0}
+
+
+def test_a_weak_but_stable_start_does_not_trip_the_relative_format_bound():
+    guard = CollapseGuard(_args(collapse_format_drop=0.3))
+    assert [guard.check(_step(f)) for f in (0.2, 0.15, 0.25, 0.1)] == [None] * 4
+
+
+def test_a_weak_start_would_trip_the_old_absolute_bound():
+    guard = CollapseGuard(_args(collapse_format_min=0.5, collapse_format_drop=None))
+    assert "format validity" in (guard.check(_step(0.2)) or "")
+
+
+def test_format_falling_below_its_start_trips_and_says_why():
+    guard = CollapseGuard(_args(collapse_format_drop=0.3))
+    assert guard.check(_step(0.9)) is None
+    assert guard.check(_step(0.8)) is None
+    reason = guard.check(_step(0.3))  # window mean 0.55 < 0.9 - 0.3
+    assert reason is not None and "below its start 0.9" in reason
+
+
+def test_the_baseline_survives_a_checkpoint_and_a_rollback():
+    guard = CollapseGuard(_args(collapse_format_drop=0.3))
+    guard.check(_step(0.9))
+    restored = CollapseGuard(_args(collapse_format_drop=0.3))
+    restored.load_state_dict(guard.state_dict())
+    restored.reset_window()  # what a rollback does: the window restarts, the baseline stays
+    assert restored.format_baseline == 0.9
+    assert restored.check(_step(0.4)) is not None
