@@ -24,6 +24,7 @@ Nothing here changes the library; the experiments only compose its public pieces
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import math
@@ -378,3 +379,45 @@ def warm_start_id(run: DemoRun) -> str:
             digest.update(path.name.encode())
             digest.update(path.read_bytes())
     return digest.hexdigest()[:16]
+
+
+def add_run_arguments(
+    p: argparse.ArgumentParser,
+    *,
+    experiment: str,
+    unit: str,
+    plot_help: str,
+    guard_help: str,
+    fresh_help: str,
+) -> None:
+    """The options both experiment scripts share, with `unit` ("setting", "run") in their help."""
+    p.add_argument("--run", required=True, help="A finished demo run directory (searchrl demo --out RUN).")
+    p.add_argument("--json", required=True, help="Where to write the results JSON.")
+    p.add_argument("--plot", required=True, help=plot_help)
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help=f"{unit.capitalize()}s run at once, each in its own worker process.",
+    )
+    p.add_argument(
+        "--threads", type=int, default=None, help="torch threads in total (default: the demo's num_threads)."
+    )
+    p.add_argument(
+        "--work-dir", default=None, help=f"Where the {unit}s go (default RUN/experiments/{experiment})."
+    )
+    p.add_argument(
+        "--set",
+        dest="set_",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help=f"Override a PPOConfig field for every {unit} (repeatable).",
+    )
+    p.add_argument("--keep-guard", action="store_true", help=guard_help)
+    p.add_argument(
+        "--save-trajectories",
+        action="store_true",
+        help="Write every step's trajectories (for the audit/viewer).",
+    )
+    p.add_argument("--fresh", action="store_true", help=fresh_help)  # fmt: skip

@@ -45,6 +45,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _experiment_common import (  # noqa: E402
+    add_run_arguments,
     curve,
     load_backend,
     load_demo_run,
@@ -240,9 +241,14 @@ def build_parser() -> argparse.ArgumentParser:
         description=__doc__.split("\n\n")[0],
         formatter_class=argparse.RawTextHelpFormatter,
     )
-    p.add_argument("--run", required=True, help="A finished demo run directory (searchrl demo --out RUN).")
-    p.add_argument("--json", required=True, help="Where to write the results JSON.")
-    p.add_argument("--plot", required=True, help="Where to write the 4-panel PNG.")
+    add_run_arguments(
+        p,
+        experiment="kl_sweep",
+        unit="setting",
+        plot_help="Where to write the 4-panel PNG.",
+        guard_help="Keep the demo's collapse guard (off by default, see above).",
+        fresh_help="Rerun settings even if a finished run with the same settings exists.",
+    )
     p.add_argument(
         "--kl", nargs="+", default=list(DEFAULT_KL), help="Settings: coefficients >= 0 and/or 'adaptive'."
     )
@@ -286,40 +292,6 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=None,
         help="Test questions per evaluation (default: all of the demo's).",
-    )
-    p.add_argument(
-        "--jobs", type=int, default=1, help="Settings run at once, each in its own worker process."
-    )
-    p.add_argument(
-        "--threads", type=int, default=None, help="torch threads in total (default: the demo's num_threads)."
-    )
-    p.add_argument(
-        "--work-dir",
-        default=None,
-        help="Where the per-setting PPO runs go (default RUN/experiments/kl_sweep).",
-    )
-    p.add_argument(
-        "--set",
-        dest="set_",
-        action="append",
-        default=[],
-        metavar="FIELD=VALUE",
-        help="Override a PPOConfig field for every setting (repeatable).",
-    )
-    p.add_argument(
-        "--keep-guard",
-        action="store_true",
-        help="Keep the demo's collapse guard (off by default, see above).",
-    )
-    p.add_argument(
-        "--save-trajectories",
-        action="store_true",
-        help="Write every step's trajectories (for the audit/viewer).",
-    )
-    p.add_argument(
-        "--fresh",
-        action="store_true",
-        help="Rerun settings even if a finished run with the same settings exists.",
     )
     return p  # fmt: skip
 

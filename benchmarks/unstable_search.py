@@ -61,6 +61,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import numpy as np  # noqa: E402
 from _experiment_common import (  # noqa: E402
     DemoRun,
+    add_run_arguments,
     curve,
     load_backend,
     load_demo_run,
@@ -501,9 +502,14 @@ def build_parser() -> argparse.ArgumentParser:
         description=__doc__.split("\n\n")[0],
         formatter_class=argparse.RawTextHelpFormatter,
     )
-    p.add_argument("--run", required=True, help="A finished demo run directory (searchrl demo --out RUN).")
-    p.add_argument("--json", required=True, help="Where to write the results JSON.")
-    p.add_argument("--plot", required=True, help="Where to write the PNG.")
+    add_run_arguments(
+        p,
+        experiment="unstable_search",
+        unit="run",
+        plot_help="Where to write the PNG.",
+        guard_help="Keep the demo's collapse guard (off by default: its rollbacks hide noise-driven drops).",
+        fresh_help="Record the snapshot and rerun every run even if finished ones exist.",
+    )
     p.add_argument(
         "--seeds", nargs="+", type=int, default=[0, 1, 2], help="PPO seeds (each also seeds its noise)."
     )
@@ -543,34 +549,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--final-window", type=int, default=3, help="The final reward is the mean over this many last steps."
-    )
-    p.add_argument("--jobs", type=int, default=1, help="Runs at once, each in its own worker process.")
-    p.add_argument(
-        "--threads", type=int, default=None, help="torch threads in total (default: the demo's num_threads)."
-    )
-    p.add_argument(
-        "--work-dir",
-        default=None,
-        help="Where the runs and the snapshot go (default RUN/experiments/unstable_search).",
-    )
-    p.add_argument(
-        "--set",
-        dest="set_",
-        action="append",
-        default=[],
-        metavar="FIELD=VALUE",
-        help="Override a PPOConfig field for every run (repeatable).",
-    )
-    p.add_argument(
-        "--keep-guard",
-        action="store_true",
-        help="Keep the demo's collapse guard (off by default: its rollbacks hide noise-driven drops).",
-    )
-    p.add_argument("--save-trajectories", action="store_true", help="Write every step's trajectories.")
-    p.add_argument(
-        "--fresh",
-        action="store_true",
-        help="Record the snapshot and rerun every run even if finished ones exist.",
     )
     return p  # fmt: skip
 
