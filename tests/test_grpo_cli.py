@@ -30,7 +30,16 @@ def grpo_app() -> typer.Typer:
 def test_help_names_every_option() -> None:
     result = CliRunner().invoke(grpo_app(), ["grpo", "--help"])
     assert result.exit_code == 0
-    for option in ("--config", "--mode", "--output-dir", "--max-steps", "--set", "trl_loop", "our_rollout"):
+    for option in (
+        "--config",
+        "--mode",
+        "--output-dir",
+        "--max-steps",
+        "--set",
+        "--resume",
+        "trl_loop",
+        "our_rollout",
+    ):
         assert option in result.output
 
 
@@ -115,3 +124,16 @@ def test_one_step_from_files_writes_the_run_directory(tmp_path: Path) -> None:
     assert json.loads((run / "eval" / "step-0.json").read_text())["episode"] == 0
     assert (run / "checkpoints" / "step-1" / "trainer_state.json").is_file()
     assert len(list((run / "trajectories").glob("step-*.jsonl.gz"))) == 1
+    # --resume with a larger budget continues at step 2: step 0's evaluation is not repeated.
+    result = CliRunner().invoke(
+        grpo_app(),
+        ["grpo", "--config", str(tmp_path / "grpo.yaml"), "--output-dir", str(run), "--set", "seed=5"]
+        + ["--max-steps", "2", "--resume"],
+    )
+    assert result.exit_code == 0, result.output
+    lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in lines if "loss" in m] == [1, 2]
+    assert [m["step"] for m in lines if "eval/exact_match" in m] == [0]
+    assert [m["episode"] for m in lines if "loss" in m] == [2, 4]
+    assert json.loads((run / "manifest.json").read_text())["resumed_from_step"] == 1
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-1", "step-2"]

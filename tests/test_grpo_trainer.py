@@ -115,11 +115,15 @@ def warm_start(policy: Any, tokenizer: Any, backend: Any, env_config: EnvConfig,
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory) -> World:
+    return make_world(tmp_path_factory.mktemp("grpo"))
+
+
+def make_world(root: Path) -> World:
+    """The BM25 world and the warm-started tiny policy (also used by tests/test_grpo_resume.py)."""
     torch.manual_seed(0)
     from searchrl.data.synthetic import generate, preset_config
     from searchrl.search.index import build_index
 
-    root = tmp_path_factory.mktemp("grpo")
     task = generate(preset_config("tiny", seed=0))
     write_jsonl(root / "corpus.jsonl", task.corpus)
     backend = build_index(root / "corpus.jsonl", root / "index", overwrite=True)

@@ -2,7 +2,8 @@
 
 The command is a thin shell over `searchrl.grpo.trainer.run_grpo`: it loads a `GRPORunConfig` from
 YAML, applies `--mode`, `--output-dir`, `--max-steps` and any `--set field=value` overrides (values
-parsed as YAML), trains and prints the run directory.
+parsed as YAML), trains and prints the run directory. `--resume` continues a killed run from the newest
+checkpoint in its output directory (or starts fresh when there is none).
 """
 
 from __future__ import annotations
@@ -73,13 +74,21 @@ def grpo(
         list[str] | None,
         typer.Option("--set", help="Override any config field: --set FIELD=VALUE (repeatable; YAML values)."),
     ] = None,
+    resume: Annotated[
+        bool,
+        typer.Option(
+            "--resume",
+            help="Continue from the newest checkpoint in the output directory (optimizer, scheduler, RNG, data "
+            "position, episode count, clocks, eval history); start fresh if there is none.",
+        ),
+    ] = False,
 ) -> None:
     """Train a search agent with GRPO (TRL 1.16) on the same task, rewards and budgets as PPO."""
     from searchrl.grpo.trainer import run_grpo
 
     try:
         cfg = build_config(config, mode=mode, output_dir=output_dir, max_steps=max_steps, pairs=set_ or [])
-        run_dir = run_grpo(cfg)
+        run_dir = run_grpo(cfg, resume=resume)
     except (ConfigError, FileNotFoundError) as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(code=2) from e

@@ -14,18 +14,28 @@ gradient_accumulation_steps` completions (episodes), i.e. that many divided by `
 questions, each answered `num_generations` times; `max_steps` optimizer steps, or
 `ceil(total_episodes / episodes_per_step)` when `total_episodes` is given (the PPO budget unit).
 
+The environment and the rollout limits are derived with PPO's own code, not a copy of it:
+`GRPORunConfig.env_config()` is `PPOConfig.env_config` applied to these fields (the names are PPO's), and
+`searchrl.grpo.trainer.generation_config_for` is `searchrl.evaluation.evaluate.generation_config_from_ppo`.
+`grpo_config_from_ppo(ppo, ...)` builds a GRPO run with a PPO run's settings (the demo's side-by-side).
+
 Load with `searchrl.common.config.load_config(GRPORunConfig, "configs/grpo_tiny.yaml", overrides)`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from searchrl.common.config import ConfigError
 from searchrl.common.trl_args import cpu_safe_trainer_kwargs
+from searchrl.ppo.config import PPOConfig
+
+if TYPE_CHECKING:
+    from searchrl.env.environment import EnvConfig
 
 GRPO_MODES = ("trl_loop", "our_rollout")
 LOSS_TYPES = ("dapo", "grpo", "bnpo", "dr_grpo", "cispo", "sapo", "vespo", "luspo")
@@ -92,6 +102,13 @@ class GRPORunConfig:
     )
 
     # --- episodes --------------------------------------------------------------------------------
+    protocol: Literal["chat", "search_r1"] = field(
+        default="chat",
+        metadata=_help(
+            "Tool-call protocol, as in PPOConfig: 'chat' (<tool_call> JSON, tool messages) or Search-R1's tags "
+            "('search_r1', our_rollout only: TRL's tool loop speaks the chat protocol)."
+        ),
+    )
     max_turns: int = field(
         default=4,
         metadata=_help(
@@ -237,6 +254,18 @@ class GRPORunConfig:
         for name in ("logging_steps", "eval_steps", "save_steps", "warmup_steps", "num_eval_questions"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name}: must be >= 0, got {getattr(self, name)}")
+        if self.max_observation_tokens < 16:
+            raise ConfigError(
+                f"max_observation_tokens: must be >= 16 (room for a document and the truncation marker), "
+                f"got {self.max_observation_tokens}"
+            )
+        if self.protocol not in ("chat", "search_r1"):
+            raise ConfigError(f"protocol: {self.protocol!r} is not one of ['chat', 'search_r1']")
+        if self.mode == "trl_loop" and self.protocol != "chat":
+            raise ConfigError(
+                f"protocol: {self.protocol!r} needs mode: our_rollout; TRL's tool loop (trl_loop) parses only "
+                "the chat protocol's <tool_call> blocks"
+            )
         if self.index_dir and self.search_url:
             raise ConfigError("index_dir and search_url: give one search backend, not both")
 
@@ -256,6 +285,14 @@ class GRPORunConfig:
     @property
     def run_dir(self) -> Path:
         return Path(self.output_dir)
+
+    def env_config(self) -> EnvConfig:
+        """The environment of the run, by PPO's own mapping (`PPOConfig.env_config`) plus `system_prompt`.
+
+        The fields PPO's mapping reads carry PPO's names here, so both trainers build their environment
+        with one piece of code and cannot drift apart.
+        """
+        return dataclasses.replace(PPOConfig.env_config(self), system_prompt=self.system_prompt)  # type: ignore[arg-type]
 
     def to_trl_args(self, cuda_available: bool = False) -> Any:
         """TRL 1.16's `GRPOConfig` for this run (CPU-safe; our callbacks own checkpoints and evaluation)."""
@@ -295,3 +332,65 @@ class GRPORunConfig:
 def _choice(value: str, name: str, choices: tuple[str, ...]) -> None:
     if value not in choices:
         raise ConfigError(f"{name}: {value!r} is not one of {list(choices)}")
+
+
+# Settings a PPO run and a GRPO run share, by the same name and meaning: the start, data, search, the
+# environment's budgets, sampling, the episode budget and batch, optimisation, evaluation and saving.
+SHARED_WITH_PPO = (
+    "seed",
+    "policy_model_path",
+    "tokenizer_path",
+    "reward_config_path",
+    "train_file",
+    "dev_file",
+    "index_dir",
+    "search_url",
+    "topk",
+    "search_timeout_s",
+    "protocol",
+    "tool_schema_in_prompt",
+    "max_turns",
+    "max_tool_calls",
+    "max_new_tokens_per_turn",
+    "max_episode_tokens",
+    "max_observation_tokens",
+    "temperature",
+    "eval_temperature",
+    "top_p",
+    "top_k",
+    "per_device_train_batch_size",
+    "gradient_accumulation_steps",
+    "total_episodes",
+    "learning_rate",
+    "lr_scheduler_type",
+    "warmup_steps",
+    "max_grad_norm",
+    "weight_decay",
+    "logging_steps",
+    "eval_steps",
+    "num_eval_questions",
+    "save_steps",
+    "save_trajectories",
+    "use_cpu",
+)
+
+
+def grpo_config_from_ppo(ppo: PPOConfig, **overrides: Any) -> GRPORunConfig:
+    """A GRPO run with a PPO run's settings (`SHARED_WITH_PPO`), then `overrides` (any GRPO field).
+
+    The result builds the same environment (`env_config()` equals `ppo.env_config()`) and the same rollout
+    limits (`generation_config_for` equals `generation_config_from_ppo(ppo)`), consumes the same episodes
+    per optimizer step and stops at the same episode budget. PPO's `max_tool_calls: 0` (no search) has no
+    GRPO equivalent and is refused. What only GRPO has (`mode`, `num_generations`, `beta`, `loss_type`,
+    ...) keeps GRPO's defaults unless given in `overrides`; `eval_batch_size` is PPO's evaluation batch
+    (`PPOTrainer.evaluate` rolls out `per_device_train_batch_size * gradient_accumulation_steps` at a time).
+    """
+    unknown = sorted(set(overrides) - {f.name for f in dataclasses.fields(GRPORunConfig)})
+    if unknown:
+        raise ConfigError(f"grpo_config_from_ppo: {unknown} are not GRPORunConfig fields")
+    if ppo.max_tool_calls < 1:
+        raise ConfigError("max_tool_calls: the PPO run allows no search (0); a GRPO run needs at least 1")
+    values: dict[str, Any] = {name: getattr(ppo, name) for name in SHARED_WITH_PPO}
+    values["eval_batch_size"] = ppo.per_device_train_batch_size * ppo.gradient_accumulation_steps
+    values.update(overrides)
+    return GRPORunConfig(**values)

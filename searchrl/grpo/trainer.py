@@ -17,7 +17,14 @@ from TRL's token ids, tool mask and completion messages plus the environment ins
 `log_metric`. `RunDirCallback` writes the run directory the PPO trainer writes: `metrics.jsonl`
 (with `episode` and wall-clock seconds per step), `eval/step-N.json` with `eval/exact_match` (the same
 greedy dev evaluation as `PPOTrainer.evaluate`), `trajectories/step-N.jsonl.gz` and
-`checkpoints/step-N/policy`.
+`checkpoints/step-N/` (`policy/`, TRL's optimizer/scheduler/RNG/trainer state in `trl/`, our
+`trainer_state.json`).
+
+Resume (`build_grpo_trainer(..., resume=True)`, `run_grpo(cfg, resume=True)`, `searchrl grpo --resume`)
+is TRL's `resume_from_checkpoint` on that `trl/` folder (weights from `policy/`), plus what TRL does not
+know: the episode count, `our_rollout`'s per-batch sampling seed, both clocks and the run directory's
+history after the checkpoint. `EpochRepeatSampler` makes TRL's data order depend on the epoch alone, so
+a resumed run replays the uninterrupted run bit for bit on CPU (tested in both modes).
 
 `SearchGRPOTrainer` is TRL's class with one read-only hook: it remembers the batch rows (the
 `rollout_func` contract passes only the prompts, and our environments need `golds` and `id`) and the
@@ -28,6 +35,7 @@ empties TRL's per-environment schema list so that its prompts carry no tool sect
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import time
@@ -48,6 +56,7 @@ from searchrl.common.run import RunDir, build_manifest
 from searchrl.env.environment import EnvConfig, SearchEnvironment
 from searchrl.env.protocol import parse_turn
 from searchrl.env.trl_adapter import SearchToolEnv
+from searchrl.evaluation.evaluate import generation_config_from_ppo
 from searchrl.grpo.config import GRPORunConfig
 from searchrl.rewards.combine import Rubric, default_rubric, load_rubric, mean_breakdown
 from searchrl.rewards.qa import exact_match, f1_score
@@ -58,6 +67,7 @@ from searchrl.search.base import Backend
 
 try:  # TRL is a hard dependency; the import is here so the error names what to install
     from trl import GRPOTrainer
+    from trl.trainer.utils import RepeatSampler
 except ImportError as exc:  # pragma: no cover
     raise ImportError("searchrl.grpo needs trl>=1.16 (pip install 'trl>=1.16')") from exc
 
@@ -71,28 +81,14 @@ ROW_COLUMNS = ("id", "question", "golds")
 
 
 def env_config_for(cfg: GRPORunConfig) -> EnvConfig:
-    """The environment settings of a run: the same budgets PPO's `searchrl train` uses."""
-    return EnvConfig(
-        max_turns=cfg.max_turns,
-        max_tool_calls=cfg.max_tool_calls,
-        max_total_tokens=cfg.max_episode_tokens,
-        max_observation_tokens=max(16, cfg.max_observation_tokens),
-        topk=cfg.topk,
-        tool_timeout_s=cfg.search_timeout_s,
-        system_prompt=cfg.system_prompt,
-        tool_schema_in_prompt=cfg.tool_schema_in_prompt,
-    )
+    """The environment of a run: `PPOConfig.env_config`'s mapping (see `GRPORunConfig.env_config`)."""
+    return cfg.env_config()
 
 
 def generation_config_for(cfg: GRPORunConfig, temperature: float | None = None) -> GenerationConfig:
-    return GenerationConfig(
-        temperature=cfg.temperature if temperature is None else temperature,
-        top_p=cfg.top_p,
-        top_k=cfg.top_k,
-        max_new_tokens_per_turn=cfg.max_new_tokens_per_turn,
-        max_episode_tokens=cfg.max_episode_tokens,
-        seed=cfg.seed,
-    )
+    """The rollout limits of a run: `generation_config_from_ppo`, PPO's own mapping (same field names)."""
+    config = generation_config_from_ppo(cfg)
+    return config if temperature is None else replace(config, temperature=temperature)
 
 
 def prompt_dataset(rows: Sequence[dict[str, Any]], backend: Backend, env_config: EnvConfig) -> Any:
@@ -165,11 +161,68 @@ def tool_env_factory(backend: Backend, env_config: EnvConfig, tokenizer: Any) ->
 # ---------------------------------------------------------------------------------------------
 
 
+class EpochRepeatSampler(RepeatSampler):
+    """TRL's `RepeatSampler` with `set_epoch`: epoch e's shuffle is the same in a fresh and a resumed run.
+
+    TRL's sampler draws each epoch's permutation from one generator seeded once, so a resumed run (a new
+    sampler) would replay epoch 0's order where the killed run was at epoch e. `set_epoch(e)` (called by
+    transformers' training loop before every epoch) reseeds and skips e permutations: exactly the order
+    TRL's own sampler gives a run that never stopped.
+    """
+
+    def set_epoch(self, epoch: int) -> None:
+        if not self.shuffle or self.seed is None:
+            return
+        self.generator.manual_seed(self.seed)
+        for _ in range(epoch):
+            torch.randperm(self.num_samples, generator=self.generator)
+
+
 class SearchGRPOTrainer(GRPOTrainer):
-    """TRL 1.16's `GRPOTrainer`, remembering each generation batch's rows and token-level output."""
+    """TRL 1.16's `GRPOTrainer`, remembering each generation batch's rows and token-level output.
+
+    Checkpoints and resume go through our run directory: `_save_checkpoint` (called by transformers when
+    `control.should_save`) writes `RUN/checkpoints/step-N/` via `RunDirCallback.save_checkpoint`, and
+    `train()` resumes from `resume_checkpoint` when `build_grpo_trainer(..., resume=True)` set one.
+    """
 
     current_inputs: list[dict[str, Any]] | None = None
     last_generation: dict[str, Any] | None = None
+    resume_checkpoint: Path | None = None
+    run_callback: RunDirCallback | None = None
+
+    def train(self, resume_from_checkpoint: str | bool | None = None, **kwargs: Any) -> Any:
+        if resume_from_checkpoint is None and self.resume_checkpoint is not None:
+            resume_from_checkpoint = str(self.resume_checkpoint)
+        return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
+
+    def _get_train_sampler(self, dataset: Any = None) -> Any:
+        sampler = super()._get_train_sampler(dataset)
+        if type(sampler) is not RepeatSampler:  # pragma: no cover - a TRL version with another sampler
+            return sampler
+        return EpochRepeatSampler(
+            data_source=sampler.data_source,
+            mini_repeat_count=sampler.mini_repeat_count,
+            batch_size=sampler.batch_size,
+            repeat_count=sampler.repeat_count,
+            shuffle=sampler.shuffle,
+            seed=sampler.seed,
+        )
+
+    def _save_checkpoint(self, model: Any, trial: Any) -> None:
+        # Our layout instead of TRL's `trl/checkpoint-N` (and no second copy of the weights).
+        if self.run_callback is None:
+            raise RuntimeError(
+                "SearchGRPOTrainer saves through its RunDirCallback; build it with build_grpo_trainer"
+            )
+        self.run_callback.save_checkpoint(int(self.state.global_step))
+
+    def _load_from_checkpoint(self, resume_from_checkpoint: str, model: Any = None) -> None:
+        # Our checkpoints keep TRL's optimizer/scheduler/RNG/state files in `step-N/trl/` and the weights
+        # once, in `step-N/policy/` (a loadable model directory): load them from there.
+        policy = Path(resume_from_checkpoint).parent / "policy"
+        source = policy if (policy / "config.json").is_file() else Path(resume_from_checkpoint)
+        super()._load_from_checkpoint(str(source), model)
 
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
         self.current_inputs = inputs
@@ -516,6 +569,11 @@ class RunDirCallback(TrainerCallback):
 
     `time/train_s` is wall-clock time minus the time spent in evaluation: the x axis of the
     side-by-side plots, so a trainer is not charged for how often it was evaluated.
+
+    A resumed run (`resume_state`, our `trainer_state.json` of the checkpoint) keeps the run directory's
+    history up to the checkpoint's step and drops what the killed run wrote after it (metrics lines,
+    eval files, trajectory files), so no step is missing or written twice; `episode` and both clocks
+    continue from the checkpoint's values.
     """
 
     def __init__(self, cfg: GRPORunConfig, run: RunDir, reward: RubricReward, evaluator: DevEvaluator | None):
@@ -524,6 +582,8 @@ class RunDirCallback(TrainerCallback):
         self.reward = reward
         self.evaluator = evaluator
         self.trainer: SearchGRPOTrainer | None = None
+        self.rollout: EngineRollout | None = None  # our_rollout: its batch counter seeds the sampling
+        self.resume_state: dict[str, Any] | None = None
         self.started = time.perf_counter()
         self.eval_s = 0.0
         self.pending_eval: dict[str, float] = {}
@@ -551,14 +611,28 @@ class RunDirCallback(TrainerCallback):
 
     # -- events -----------------------------------------------------------------------------------
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.resume_state is not None:
+            self._continue(self.resume_state)
+            return
         self.started = time.perf_counter()
         self.eval_s = 0.0
-        # A fresh run (GRPO runs do not resume): no lines from an earlier run in the same directory.
+        # A fresh run: no lines from an earlier run in the same directory.
         atomic_write_text(self.run.metrics, "")
         if self.cfg.eval_on_start:
             self._evaluate(0)
             append_jsonl(self.run.metrics, {"step": 0, "episode": 0, **self.clock(), **self.pending_eval})
             self.pending_eval = {}
+
+    def _continue(self, saved: dict[str, Any]) -> None:
+        """Resume: the history up to the checkpoint stays, the killed run's later steps go, clocks go on."""
+        step = int(saved["global_step"])
+        truncate_run_after(self.run, step)
+        self.started = time.perf_counter() - float(saved.get("elapsed_s", 0.0))
+        self.eval_s = float(saved.get("eval_s", 0.0))
+        self.last_saved_step = step
+        if self.trainer is not None:
+            # TRL counts micro-steps to decide when to generate; a resumed trainer starts its count at 0.
+            self.trainer._step = step * self.cfg.gradient_accumulation_steps
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         step = int(state.global_step)
@@ -570,7 +644,9 @@ class RunDirCallback(TrainerCallback):
         if self.cfg.eval_steps and step % self.cfg.eval_steps == 0:
             self._evaluate(step)
         if self.cfg.save_steps and step % self.cfg.save_steps == 0:
-            self.save_checkpoint(step)
+            # Saved by the trainer after this step's log line (SearchGRPOTrainer._save_checkpoint), so a
+            # checkpoint never lacks its own step in metrics.jsonl.
+            control.should_save = True
 
     def on_log(
         self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kw: Any
@@ -588,6 +664,8 @@ class RunDirCallback(TrainerCallback):
 
     # -- checkpoints: a temporary folder renamed into place, `trainer_state.json` marks completion ---
     def save_checkpoint(self, step: int) -> Path:
+        """`step-N/policy` (weights + tokenizer), `step-N/trl` (TRL's optimizer, scheduler, RNG and trainer
+        state, what `resume_from_checkpoint` reads), and our `step-N/trainer_state.json` last."""
         final = self.run.checkpoint_dir(step)
         tmp = final.with_name(f".tmp-{final.name}")
         if tmp.exists():
@@ -595,17 +673,60 @@ class RunDirCallback(TrainerCallback):
         tmp.mkdir(parents=True)
         model = self._model()
         model.save_pretrained(tmp / "policy")
-        assert self.trainer is not None
-        self.trainer.processing_class.save_pretrained(tmp / "policy")
+        trainer = self.trainer
+        assert trainer is not None
+        trainer.processing_class.save_pretrained(tmp / "policy")
+        trl_dir = tmp / "trl"
+        trl_dir.mkdir()
+        # transformers' own pieces of `Trainer._save_checkpoint`, minus the weights (saved above, once).
+        trainer._save_optimizer_and_scheduler(str(trl_dir))
+        trainer._save_scaler(str(trl_dir))
+        trainer._save_rng_state(str(trl_dir))
+        trainer.state.save_to_json(str(trl_dir / "trainer_state.json"))
         atomic_write_json(
             tmp / "trainer_state.json",
-            {"global_step": step, "episode": self.reward.episodes, "trainer": "grpo", "mode": self.cfg.mode},
+            {
+                "global_step": step,
+                "episode": self.reward.episodes,
+                "trainer": "grpo",
+                "mode": self.cfg.mode,
+                **self.clock(),
+                "elapsed_s": time.perf_counter() - self.started,
+                "eval_s": self.eval_s,
+                "rollout_calls": self.rollout.calls if self.rollout is not None else 0,
+            },
         )
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
         self.last_saved_step = step
         return final
+
+
+def truncate_run_after(run: RunDir, step: int) -> None:
+    """Drop what a killed run wrote after `step`: metrics lines, `eval/step-M.json`, trajectory files."""
+    if run.metrics.exists():
+        kept = [
+            line
+            for line in run.metrics.read_text(encoding="utf-8").splitlines()
+            if line.strip() and int(json.loads(line).get("step", 0)) <= step
+        ]
+        atomic_write_text(run.metrics, "".join(f"{line}\n" for line in kept))
+    for path in run.eval.glob("step-*.json"):
+        if _step_of(path.name) > step:
+            path.unlink()
+    for path in run.trajectories.glob("step-*.jsonl.gz"):
+        if _step_of(path.name) > step:
+            path.unlink()
+    for path in run.checkpoints.glob("step-*"):  # a later, incomplete checkpoint (killed while saving)
+        if _step_of(path.name) > step and not (path / "trainer_state.json").exists():
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _step_of(name: str) -> int:
+    """`step-12.json` / `step-000012.jsonl.gz` -> 12; -1 for anything else."""
+    digits = name.removeprefix("step-").split(".")[0]
+    return int(digits) if digits.isdigit() else -1
 
 
 # ---------------------------------------------------------------------------------------------
@@ -650,16 +771,20 @@ def build_grpo_trainer(
     eval_rows: Sequence[dict[str, Any]] | None = None,
     rubric: Rubric | None = None,
     callbacks: list[Any] | None = None,
+    resume: bool = False,
 ) -> SearchGRPOTrainer:
     """A ready-to-train `SearchGRPOTrainer` for `cfg.mode`, with config.yaml and manifest.json written.
 
-    The trainer carries `.run` (the `RunDir`), `.rubric_reward` and `.run_callback`.
+    The trainer carries `.run` (the `RunDir`), `.rubric_reward` and `.run_callback`. With `resume=True`
+    and a complete checkpoint in `cfg.output_dir`, `trainer.train()` continues from the newest one
+    (`resume_state`); without a checkpoint the run starts fresh, as `searchrl train --resume` does.
     """
     if tokenizer.pad_token_id is None or tokenizer.pad_token_id == tokenizer.eos_token_id:
         raise ValueError("the tokenizer needs a pad token distinct from EOS (Qwen2.5: <|endoftext|>)")
     _check_reference_model_source(cfg, model)
     rubric = rubric if rubric is not None else default_rubric()
     run = RunDir(cfg.output_dir)
+    resume_from = resume_state(cfg, run) if resume else None
     env_config = env_config_for(cfg)
 
     def search_env() -> SearchEnvironment:
@@ -682,7 +807,8 @@ def build_grpo_trainer(
     if cfg.mode == "trl_loop":
         mode_kwargs = {"environment_factory": tool_env_factory(backend, env_config, tokenizer)}
     else:
-        mode_kwargs = {"rollout_func": EngineRollout(tokenizer, search_env, generation_config_for(cfg))}
+        run_callback.rollout = EngineRollout(tokenizer, search_env, generation_config_for(cfg))
+        mode_kwargs = {"rollout_func": run_callback.rollout}
     trainer = SearchGRPOTrainer(
         model=model,
         reward_funcs=[reward],
@@ -698,7 +824,14 @@ def build_grpo_trainer(
     run_callback.trainer = trainer
     trainer.run = run  # type: ignore[attr-defined]
     trainer.rubric_reward = reward  # type: ignore[attr-defined]
-    trainer.run_callback = run_callback  # type: ignore[attr-defined]
+    trainer.run_callback = run_callback
+    if resume_from is not None:
+        checkpoint, saved = resume_from
+        reward.episodes = int(saved["episode"])
+        if run_callback.rollout is not None:
+            run_callback.rollout.calls = int(saved.get("rollout_calls", 0))
+        run_callback.resume_state = saved
+        trainer.resume_checkpoint = checkpoint / "trl"
     save_config(cfg, run.config)
     run.write_manifest(
         build_manifest(
@@ -714,10 +847,63 @@ def build_grpo_trainer(
                 "loss_type": cfg.loss_type,
                 "episodes_per_step": cfg.episodes_per_step,
                 "max_steps": cfg.num_steps,
+                "resumed_from_step": None if resume_from is None else int(resume_from[1]["global_step"]),
             },
         )
     )
     return trainer
+
+
+# Settings a resumed run must share with the run that wrote the checkpoint: they fix the data order, the
+# groups and the batch arithmetic the saved optimizer, scheduler and RNG states belong to.
+RESUME_INVARIANTS = (
+    "mode",
+    "seed",
+    "num_generations",
+    "per_device_train_batch_size",
+    "gradient_accumulation_steps",
+    "num_iterations",
+    "protocol",
+)
+
+
+def resume_state(cfg: GRPORunConfig, run: RunDir) -> tuple[Path, dict[str, Any]] | None:
+    """The newest complete checkpoint of `run` and our saved state, or None when there is none yet.
+
+    Refuses (ConfigError, saying what to do) a checkpoint written before GRPO runs could resume (no
+    `trl/` folder) and a config whose `RESUME_INVARIANTS` differ from the checkpointed run's. The budget
+    (`max_steps`, `total_episodes`), evaluation and saving settings may change.
+    """
+    from searchrl.common.config import load_config
+
+    checkpoint = run.latest_checkpoint()
+    if checkpoint is None:
+        return None
+    saved = json.loads((checkpoint / "trainer_state.json").read_text(encoding="utf-8"))
+    if saved.get("trainer") != "grpo":
+        raise ConfigError(
+            f"{checkpoint}: not a GRPO checkpoint (trainer {saved.get('trainer')!r}); resume it with its own command"
+        )
+    if not (checkpoint / "trl" / "trainer_state.json").is_file():
+        raise ConfigError(
+            f"{checkpoint}: no trl/ folder (optimizer, scheduler and RNG states), so it cannot be resumed; it was "
+            "written before GRPO runs could resume. Start a fresh run (another output_dir, or drop --resume)."
+        )
+    if run.config.is_file():
+        before = load_config(GRPORunConfig, run.config)
+        changed = [
+            f"{name}: {getattr(before, name)!r} in the checkpointed run, {getattr(cfg, name)!r} now"
+            for name in RESUME_INVARIANTS
+            if getattr(before, name) != getattr(cfg, name)
+        ]
+        if changed:
+            raise ConfigError(
+                f"resume {run.root}: "
+                + "; ".join(changed)
+                + ". Resume with the run's own settings (only the "
+                "budget, evaluation and saving may change), or start a new output_dir."
+            )
+    return checkpoint, saved
 
 
 def open_search_backend(cfg: GRPORunConfig) -> Backend:
@@ -735,8 +921,13 @@ def open_search_backend(cfg: GRPORunConfig) -> Backend:
     )
 
 
-def run_grpo(cfg: GRPORunConfig) -> Path:
-    """Train GRPO as `cfg` says and return the run directory (what the demo's side-by-side reads)."""
+def run_grpo(cfg: GRPORunConfig, resume: bool = False) -> Path:
+    """Train GRPO as `cfg` says and return the run directory (what the demo's side-by-side reads).
+
+    `resume=True` continues a killed run from its newest checkpoint in `cfg.output_dir` (TRL's
+    `resume_from_checkpoint` for optimizer, scheduler, RNG and data position; our episode count, rollout
+    seeds, clocks and run-directory history), or starts fresh when it has none.
+    """
     from searchrl.data.datasets import load_qa
     from searchrl.models.tiny import load_policy, load_tokenizer
 
@@ -754,6 +945,6 @@ def run_grpo(cfg: GRPORunConfig) -> Path:
     rubric = load_rubric(cfg.reward_config_path) if cfg.reward_config_path else default_rubric()
     train_rows = load_qa(cfg.train_file)
     eval_rows = load_qa(cfg.dev_file) if cfg.dev_file else None
-    trainer = build_grpo_trainer(cfg, model, tokenizer, backend, train_rows, eval_rows, rubric)
+    trainer = build_grpo_trainer(cfg, model, tokenizer, backend, train_rows, eval_rows, rubric, resume=resume)
     trainer.train()
     return cfg.run_dir
