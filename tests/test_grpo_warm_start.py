@@ -1,0 +1,144 @@
+"""GRPO from a warm-start directory with a PPO stage's settings (the demo's side-by-side runs).
+
+The settings are derived from the `PPOConfig` by PPO's own code, so the checks compare what GRPO builds
+with what PPO builds (environment, rollout limits, batch, budget) for the demo's real PPO stages, then
+train two real steps from the warm-started tiny policy of `test_grpo_trainer`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+from test_grpo_trainer import World, make_world
+
+from searchrl.common.config import ConfigError, load_config
+from searchrl.demo.pipeline import DemoConfig, smoke_config
+from searchrl.env.environment import SearchEnvironment
+from searchrl.evaluation.evaluate import generation_config_from_ppo
+from searchrl.grpo.config import GRPORunConfig, grpo_config_from_ppo
+from searchrl.grpo.trainer import generation_config_for
+from searchrl.grpo.warm_start import train_grpo_from_warm_start
+from searchrl.ppo.config import PPOConfig
+from searchrl.rewards.combine import default_rubric
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> World:
+    return make_world(tmp_path_factory.mktemp("grpo-warm"))
+
+
+def small_ppo(**overrides: object) -> PPOConfig:
+    values: dict = dict(
+        seed=3,
+        per_device_train_batch_size=8,
+        gradient_accumulation_steps=1,
+        total_episodes=16,
+        max_turns=2,
+        max_tool_calls=2,
+        max_new_tokens_per_turn=48,
+        max_episode_tokens=200,
+        max_observation_tokens=48,
+        topk=1,
+        tool_schema_in_prompt=False,
+        temperature=1.0,
+        learning_rate=1e-3,
+        eval_steps=1,
+        num_eval_questions=2,
+        save_steps=10,
+    )
+    values.update(overrides)
+    return PPOConfig(**values)
+
+
+@pytest.mark.parametrize("ppo", [DemoConfig().ppo, smoke_config().ppo], ids=["demo", "smoke"])
+def test_grpo_derives_environment_limits_and_budget_from_the_ppo_stage(ppo: PPOConfig) -> None:
+    cfg = grpo_config_from_ppo(ppo, mode="trl_loop")
+    assert cfg.env_config() == ppo.env_config()
+    assert generation_config_for(cfg) == generation_config_from_ppo(ppo)
+    assert generation_config_for(cfg, temperature=cfg.eval_temperature).temperature == ppo.eval_temperature
+    assert cfg.episodes_per_step == ppo.per_device_train_batch_size * ppo.gradient_accumulation_steps
+    assert cfg.num_steps * cfg.episodes_per_step == ppo.total_episodes
+    assert (cfg.learning_rate, cfg.eval_steps, cfg.num_eval_questions) == (
+        ppo.learning_rate,
+        ppo.eval_steps,
+        ppo.num_eval_questions,
+    )
+    # A change on the PPO side reaches GRPO's environment: one mapping, not two copies of it.
+    changed = dataclasses.replace(ppo, topk=ppo.topk + 1, max_observation_tokens=77)
+    assert grpo_config_from_ppo(changed).env_config() == changed.env_config()
+
+
+def test_bad_derivations_say_what_is_wrong() -> None:
+    with pytest.raises(ConfigError, match=r"\['num_generation'\] are not GRPORunConfig fields"):
+        grpo_config_from_ppo(small_ppo(), num_generation=4)
+    with pytest.raises(ConfigError, match="allows no search"):
+        grpo_config_from_ppo(small_ppo(max_tool_calls=0))
+    with pytest.raises(ConfigError, match="num_generations=3 must divide"):
+        grpo_config_from_ppo(small_ppo(), num_generations=3)
+    with pytest.raises(ConfigError, match="needs mode: our_rollout"):
+        grpo_config_from_ppo(small_ppo(protocol="search_r1"), mode="trl_loop")
+
+
+def test_train_from_warm_start_with_the_ppo_settings(world: World, tmp_path: Path) -> None:
+    ppo = small_ppo()
+
+    def env_factory() -> SearchEnvironment:
+        return SearchEnvironment(world.backend, ppo.env_config(), tokenizer=world.tokenizer)
+
+    run = train_grpo_from_warm_start(
+        world.policy_dir,
+        world.tokenizer,
+        world.train_rows,
+        world.dev_rows,
+        env_factory,
+        default_rubric(),
+        mode="our_rollout",
+        total_episodes=16,
+        out_dir=tmp_path / "grpo",
+        ppo_config=ppo,
+    )
+    assert run == tmp_path / "grpo"
+    cfg = load_config(GRPORunConfig, run / "config.yaml")
+    assert cfg.env_config() == ppo.env_config() and cfg.policy_model_path == str(world.policy_dir)
+    assert (cfg.mode, cfg.num_steps, cfg.eval_on_start) == ("our_rollout", 2, True)
+    evals = [json.loads((run / "eval" / f"step-{s}.json").read_text()) for s in range(3)]
+    assert [e["episode"] for e in evals] == [0, 8, 16]
+    assert evals[0]["time/train_s"] == pytest.approx(0.0, abs=1.0)
+    assert evals[2]["time/train_s"] > evals[1]["time/train_s"] > 0
+    assert all(0.0 <= e["eval/exact_match"] <= 1.0 for e in evals)
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert manifest["generation_config"] == dataclasses.asdict(generation_config_from_ppo(ppo))
+
+
+def test_an_env_factory_unlike_the_ppo_settings_is_refused(world: World, tmp_path: Path) -> None:
+    ppo = small_ppo()
+    other = dataclasses.replace(ppo.env_config(), topk=2, max_turns=3)
+    with pytest.raises(ConfigError, match=r"max_turns: 2 \(PPO settings\) vs 3 \(env_factory\).*topk"):
+        train_grpo_from_warm_start(
+            world.policy_dir,
+            world.tokenizer,
+            world.train_rows,
+            world.dev_rows,
+            lambda: SearchEnvironment(world.backend, other),
+            default_rubric(),
+            mode="trl_loop",
+            total_episodes=8,
+            out_dir=tmp_path / "x",
+            ppo_config=ppo,
+        )
+    with pytest.raises(FileNotFoundError, match="no warm-start policy"):
+        train_grpo_from_warm_start(
+            tmp_path,
+            world.tokenizer,
+            world.train_rows,
+            None,
+            lambda: SearchEnvironment(world.backend, ppo.env_config()),
+            default_rubric(),
+            mode="trl_loop",
+            total_episodes=8,
+            out_dir=tmp_path / "y",
+            ppo_config=ppo,
+        )
