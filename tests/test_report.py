@@ -11,6 +11,7 @@ import base64
 import html
 import json
 import re
+from html.parser import HTMLParser
 
 import pytest
 import torch
@@ -215,3 +216,190 @@ def test_report_on_a_real_ppo_run_with_offline_eval_and_audit(world, tmp_path):
     assert "alt='KL and KL coefficient'" in text and "alt='Held-out exact match'" in text
     assert "test-step-2.json" in text and 'class="span action"' in text
     assert "verdict-" in text
+
+
+# -- trainers side by side -------------------------------------------------------------------------------
+
+
+class _SvgReader(HTMLParser):
+    """Collects each comparison SVG (by its x axis) and the data of its polylines."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.plots: dict[str, dict[str, tuple[list[float], list[float], list[tuple[float, float]]]]] = {}
+        self.current: str | None = None
+        self.table_rows: list[list[str]] = []
+        self._in_trainers = False
+        self._cell: list[str] | None = None
+        self._row: list[str] | None = None
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if tag == "svg" and "compare" in (a.get("class") or ""):
+            self.current = a["data-x"]
+            self.plots[self.current] = {}
+        elif tag == "polyline" and self.current is not None:
+            xs = [float(v) for v in a["data-x"].split(",")]
+            ys = [float(v) for v in a["data-y"].split(",")]
+            pts = [tuple(float(c) for c in p.split(",")) for p in a["points"].split()]
+            self.plots[self.current][a["data-label"]] = (xs, ys, pts)
+        elif tag == "table" and a.get("class") == "trainers":
+            self._in_trainers = True
+        elif self._in_trainers and tag == "tr":
+            self._row = []
+        elif self._in_trainers and tag in ("td", "th"):
+            self._cell = []
+
+    def handle_endtag(self, tag):
+        if tag == "svg":
+            self.current = None
+        elif tag == "table":
+            self._in_trainers = False
+        elif self._in_trainers and tag in ("td", "th") and self._cell is not None and self._row is not None:
+            self._row.append("".join(self._cell))
+            self._cell = None
+        elif self._in_trainers and tag == "tr" and self._row is not None:
+            self.table_rows.append(self._row)
+            self._row = None
+
+    def handle_data(self, data):
+        if self._cell is not None:
+            self._cell.append(data)
+
+
+def _eval_files(run) -> list[dict]:
+    files = sorted((run / "eval").glob("step-*.json"), key=lambda p: int(p.stem.split("-")[1]))
+    return [json.loads(p.read_text()) for p in files]
+
+
+def _metrics_by_step(run) -> dict[int, dict]:
+    out: dict[int, dict] = {}
+    for line in (run / "metrics.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        out.setdefault(row["step"], {}).update(row)
+    return out
+
+
+@pytest.fixture(scope="module")
+def three_runs(world, tmp_path_factory):
+    """Real tiny runs: PPO (2 steps) and GRPO in both modes (2 steps each), all evaluated every step."""
+    from searchrl.grpo.config import grpo_config_from_ppo
+    from searchrl.grpo.trainer import build_grpo_trainer
+    from searchrl.ppo.config import PPOConfig
+    from searchrl.ppo.trainer import PPOTrainer
+    from searchrl.search.index import load_index
+
+    root, tok = world["root"], world["tok"]
+    out = tmp_path_factory.mktemp("three")
+    backend = load_index(root / "index")
+    ppo = PPOConfig(
+        output_dir=str(out / "ppo"),
+        per_device_train_batch_size=4,
+        total_episodes=8,
+        num_ppo_epochs=1,
+        max_turns=2,
+        max_tool_calls=1,
+        max_new_tokens_per_turn=12,
+        max_episode_tokens=48,
+        max_observation_tokens=32,
+        learning_rate=1e-3,
+        temperature=1.0,
+        save_steps=1,
+        eval_steps=1,
+        num_eval_questions=3,
+        progress_bar=False,
+    )
+    torch.manual_seed(0)
+    PPOTrainer(
+        ppo,
+        tok,
+        build_policy(tok, TINY),
+        None,
+        None,
+        QA + [{**r, "id": r["id"] + "b"} for r in QA],
+        reward_funcs=default_rubric(),
+        environment=lambda: SearchEnvironment(backend, ppo.env_config(), tokenizer=tok),
+        eval_dataset=QA,
+    ).train()
+    runs = {"PPO": out / "ppo"}
+    for label, mode in (("GRPO (TRL loop)", "trl_loop"), ("GRPO (our rollout)", "our_rollout")):
+        cfg = grpo_config_from_ppo(
+            ppo, mode=mode, output_dir=str(out / mode), num_generations=2, eval_on_start=True
+        )
+        torch.manual_seed(0)
+        build_grpo_trainer(cfg, build_policy(tok, TINY), tok, backend, QA[:2], QA, default_rubric()).train()
+        runs[label] = out / mode
+    return runs
+
+
+def test_side_by_side_draws_one_line_per_trainer_from_real_runs(three_runs, tmp_path):
+    page = write_report(three_runs["PPO"], out=tmp_path / "report.html", compare=three_runs)
+    text = page.read_text()
+    assert "<h2>Trainers side by side</h2>" in text and "<script" not in text and "src='http" not in text
+    reader = _SvgReader()
+    reader.feed(text)
+    assert set(reader.plots) == {"train_s", "episodes"}
+    by_episodes = reader.plots["episodes"]
+    assert list(by_episodes) == list(three_runs), "one line per trainer, in the order given"
+    for label, run in three_runs.items():
+        evals, logged = _eval_files(run), _metrics_by_step(run)
+        xs, ys, pts = by_episodes[label]
+        # x: the run's episode count at each evaluation (eval file, else that step's metrics line).
+        assert xs == [float(e.get("episode", logged.get(e["step"], {}).get("episode"))) for e in evals]
+        assert ys == pytest.approx([e["eval/exact_match"] for e in evals])
+        assert len(pts) == len(evals) >= 2 and xs == sorted(xs) and xs[-1] == 8
+    for label in ("GRPO (TRL loop)", "GRPO (our rollout)"):
+        xs, _, pts = reader.plots["train_s"][label]
+        evals = _eval_files(three_runs[label])
+        assert [e["step"] for e in evals] == [0, 1, 2] and len(pts) == 3
+        assert xs == pytest.approx([e["time/train_s"] for e in evals], rel=1e-5, abs=1e-5)
+        # Pixel x grows with time: the polyline really follows the data.
+        assert [p[0] for p in pts] == sorted(p[0] for p in pts)
+    ppo_timed = all("time/train_s" in e for e in _eval_files(three_runs["PPO"]))
+    # PPO's eval files gain time/train_s in another room's change; until then its line is named missing.
+    assert ("PPO" in reader.plots["train_s"]) == ppo_timed
+    if not ppo_timed:
+        assert "Not drawn (no training seconds recorded): PPO" in text
+    header, *rows = reader.table_rows
+    assert header[:2] == ["trainer", "final dev EM"] and "seconds / step" in header
+    assert [r[0] for r in rows] == list(three_runs)
+    for row, run in zip(rows, three_runs.values(), strict=True):
+        last = _eval_files(run)[-1]
+        assert row[1] == f"{last['eval/exact_match']:.3f} (step 2)"
+        assert row[header.index("episodes")] == "8" and row[header.index("steps")] == "2"
+
+
+def test_report_cli_compare_option(three_runs, tmp_path):
+    out = tmp_path / "cmp.html"
+    args = ["report", "--run", str(three_runs["PPO"]), "--out", str(out), "--trajectories", "0"]
+    for label, run in three_runs.items():
+        args += ["--compare", f"{label}={run}"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    reader = _SvgReader()
+    reader.feed(out.read_text())
+    assert list(reader.plots["episodes"]) == list(three_runs)
+    bad = CliRunner().invoke(app, ["report", "--run", str(three_runs["PPO"]), "--compare", "PPO"])
+    assert bad.exit_code != 0 and "LABEL=DIR" in bad.output
+    empty = tmp_path / "empty-run"
+    (empty / "eval").mkdir(parents=True)
+    none = CliRunner().invoke(app, ["report", "--run", str(three_runs["PPO"]), "--compare", f"X={empty}"])
+    assert none.exit_code != 0 and "no eval/step-N.json" in none.output
+
+
+def test_curve_falls_back_to_the_metrics_log_and_names_missing_clocks(tmp_path):
+    from searchrl.evaluation.report import comparison_svg, read_trainer_curve
+
+    run = tmp_path / "old-ppo"
+    for step, em in ((1, 0.25), (3, 0.5), (2, 0.0)):  # written out of order: sorted by step
+        atomic_write_json(run / "eval" / f"step-{step}.json", {"step": step, "eval/exact_match": em})
+        append_jsonl(run / "metrics.jsonl", {"step": step, "episode": 4 * step})
+    atomic_write_json(run / "eval" / "test-step-3.json", {"split": "test", "exact_match": 0.4})
+    curve = read_trainer_curve("PPO", run)
+    assert curve.steps == [1, 2, 3] and curve.exact_match == [0.25, 0.0, 0.5]
+    assert curve.episodes == [4.0, 8.0, 12.0] and curve.train_s == [None, None, None]
+    assert curve.seconds_per_step is None and curve.test["exact_match"] == 0.4
+    svg = comparison_svg([curve], "train_s", "t", "training seconds")
+    assert "<polyline" not in svg and "Not drawn (no training seconds recorded): PPO" in svg
+    assert svg.count("<polyline") == 0
+    assert comparison_svg([curve], "episodes", "t", "episodes").count('data-label="PPO"') == 1

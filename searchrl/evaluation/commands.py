@@ -209,16 +209,38 @@ def report_command(
     trajectories: Annotated[
         int, typer.Option("--trajectories", help="Full trajectories to render.", min=0)
     ] = 3,
+    compare: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--compare",
+            help="LABEL=DIR: a run drawn in the trainers-side-by-side plots (dev EM against wall-clock and "
+            'episodes); repeatable, e.g. --compare PPO=runs/demo/ppo --compare "GRPO (our rollout)"=runs/g.',
+        ),
+    ] = None,
 ) -> None:
     """Write one self-contained report.html: curves, eval tables, audit verdicts, rendered trajectories."""
     from searchrl.evaluation.report import write_report
 
     data = json.loads(summary.read_text(encoding="utf-8")) if summary is not None else None
+    runs = parse_compare(compare or [])
     try:
-        path = write_report(run, out, summary=data, num_trajectories=trajectories)
-    except FileNotFoundError as e:
+        path = write_report(run, out, summary=data, num_trajectories=trajectories, compare=runs or None)
+    except (FileNotFoundError, ValueError) as e:
         raise typer.BadParameter(str(e)) from None
     typer.echo(f"wrote {path}")
+
+
+def parse_compare(pairs: list[str]) -> dict[str, Path]:
+    """`["PPO=runs/a", "GRPO=runs/b"]` -> `{"PPO": Path("runs/a"), ...}` in order; bad pairs named."""
+    runs: dict[str, Path] = {}
+    for pair in pairs:
+        label, sep, folder = pair.partition("=")
+        if not sep or not label.strip() or not folder.strip():
+            raise typer.BadParameter(f"--compare {pair!r}: write LABEL=DIR, e.g. --compare PPO=runs/demo/ppo")
+        if label.strip() in runs:
+            raise typer.BadParameter(f"--compare {pair!r}: the label {label.strip()!r} is given twice")
+        runs[label.strip()] = Path(folder.strip())
+    return runs
 
 
 def register(app: typer.Typer) -> None:
