@@ -186,7 +186,10 @@ class GRPORunConfig:
     # --- logging, evaluation, checkpoints --------------------------------------------------------
     logging_steps: int = field(default=1, metadata=_help("Append metrics.jsonl every this many steps."))
     eval_steps: int = field(
-        default=0, metadata=_help("Evaluate on dev every this many steps (RUN/eval/step-N.json); 0: never.")
+        default=0,
+        metadata=_help(
+            "Evaluate on dev every this many steps and at the last step (RUN/eval/step-N.json); 0: never."
+        ),
     )
     eval_on_start: bool = field(
         default=False, metadata=_help("Also evaluate the starting policy (step 0) before training.")

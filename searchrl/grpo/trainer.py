@@ -565,7 +565,8 @@ class DevEvaluator:
 
 class RunDirCallback(TrainerCallback):
     """Appends TRL's logs to `metrics.jsonl` with `step`, `episode` and wall-clock seconds; evaluates
-    every `eval_steps`, saves every `save_steps` and at the end, writes each step's trajectories.
+    every `eval_steps` and at the last step, saves every `save_steps` and at the end, writes each step's
+    trajectories.
 
     `time/train_s` is wall-clock time minus the time spent in evaluation: the x axis of the
     side-by-side plots, so a trainer is not charged for how often it was evaluated.
@@ -641,7 +642,8 @@ class RunDirCallback(TrainerCallback):
             for t in trajs:
                 t.metadata["step"] = step
             write_trajectories(self.run.trajectories / f"step-{step:06d}.jsonl.gz", trajs)
-        if self.cfg.eval_steps and step % self.cfg.eval_steps == 0:
+        # Every eval_steps steps and the last one, so a run always ends on a measured point.
+        if self.cfg.eval_steps and (step % self.cfg.eval_steps == 0 or step == int(state.max_steps)):
             self._evaluate(step)
         if self.cfg.save_steps and step % self.cfg.save_steps == 0:
             # Saved by the trainer after this step's log line (SearchGRPOTrainer._save_checkpoint), so a
