@@ -142,3 +142,15 @@ def test_an_env_factory_unlike_the_ppo_settings_is_refused(world: World, tmp_pat
             out_dir=tmp_path / "y",
             ppo_config=ppo,
         )
+
+
+def test_shipped_grpo_config_matches_the_demo_ppo_stage() -> None:
+    """configs/grpo_tiny.yaml (what `searchrl grpo` runs by hand) says it copies the demo's PPO stage."""
+    shipped = load_config(GRPORunConfig, Path(__file__).resolve().parents[1] / "configs" / "grpo_tiny.yaml")
+    ppo = dataclasses.replace(DemoConfig().ppo, seed=shipped.seed)  # the demo sets PPO's seed to its own
+    derived = grpo_config_from_ppo(ppo, mode=shipped.mode)
+    assert shipped.env_config() == ppo.env_config()
+    assert generation_config_for(shipped) == generation_config_from_ppo(ppo)
+    for name in ("eval_temperature", "learning_rate", "eval_steps", "num_eval_questions", "num_steps"):
+        assert getattr(shipped, name) == getattr(derived, name), name
+    assert shipped.episodes_per_step == derived.episodes_per_step
