@@ -10,6 +10,7 @@ episodes per optimizer step (GRPO: that many divided by `--num-generations` ques
 `--num-generations` times; PPO: that many questions), the same environment limits (turns, searches,
 tokens) and one optimisation pass per batch (PPO `num_ppo_epochs=1, num_mini_batches=1`; GRPO
 `num_iterations=1`). A step is rollout + scoring + update; the first `--warmup` steps are not timed.
+One `PPOConfig` holds these settings; both GRPO modes derive theirs from it (`grpo_config_from_ppo`).
 
 Figures: `ppo_step_s`, `grpo_trl_loop_step_s`, `grpo_our_rollout_step_s` (mean seconds per timed step),
 with the searches per episode each trainer's rollouts made (sampling differs between the loops, so this
@@ -42,7 +43,7 @@ from searchrl.common.io import write_jsonl  # noqa: E402
 from searchrl.data.synthetic import generate, preset_config  # noqa: E402
 from searchrl.env.environment import EnvConfig, SearchEnvironment  # noqa: E402
 from searchrl.env.protocol import format_answer, format_tool_call  # noqa: E402
-from searchrl.grpo.config import GRPORunConfig  # noqa: E402
+from searchrl.grpo.config import GRPORunConfig, grpo_config_from_ppo  # noqa: E402
 from searchrl.grpo.trainer import build_grpo_trainer, env_config_for  # noqa: E402
 from searchrl.models.tiny import (  # noqa: E402
     TinyModelConfig,
@@ -52,6 +53,7 @@ from searchrl.models.tiny import (  # noqa: E402
     tokenizer_training_texts,
     train_tokenizer,
 )
+from searchrl.ppo.config import PPOConfig  # noqa: E402
 from searchrl.rewards.combine import default_rubric  # noqa: E402
 from searchrl.rollout.chat import render_conversation  # noqa: E402
 from searchrl.rollout.generator import GenerationConfig, HFGenerator, ScriptedPolicy  # noqa: E402
@@ -142,14 +144,16 @@ def build_world(work: Path, args: argparse.Namespace) -> dict[str, Any]:
     return {"backend": backend, "rows": rows, "tokenizer": tokenizer, "policy_dir": policy_dir}
 
 
-def grpo_config(work: Path, mode: str, args: argparse.Namespace) -> GRPORunConfig:
-    return GRPORunConfig(
-        mode=mode,
-        output_dir=str(work / f"grpo-{mode}"),
+def ppo_config(work: Path, args: argparse.Namespace) -> PPOConfig:
+    """The one set of settings: PPO runs it, and both GRPO modes derive theirs from it."""
+    return PPOConfig(
+        output_dir=str(work / "ppo"),
         seed=1,
-        max_steps=args.steps + args.warmup,
         per_device_train_batch_size=args.episodes_per_step,
-        num_generations=args.num_generations,
+        gradient_accumulation_steps=1,
+        total_episodes=args.episodes_per_step * (args.steps + args.warmup),
+        num_ppo_epochs=1,
+        num_mini_batches=1,
         max_turns=args.max_turns,
         max_tool_calls=args.max_turns - 1,
         max_new_tokens_per_turn=48,
@@ -159,7 +163,19 @@ def grpo_config(work: Path, mode: str, args: argparse.Namespace) -> GRPORunConfi
         tool_schema_in_prompt=False,
         temperature=0.8,
         learning_rate=1e-4,
+        save_steps=10**6,
+        progress_bar=False,
         save_trajectories=False,
+    )
+
+
+def grpo_config(work: Path, mode: str, args: argparse.Namespace) -> GRPORunConfig:
+    """GRPO with the PPO run's environment, limits, batch, budget and learning rate (`grpo_config_from_ppo`)."""
+    return grpo_config_from_ppo(
+        ppo_config(work, args),
+        mode=mode,
+        output_dir=str(work / f"grpo-{mode}"),
+        num_generations=args.num_generations,
     )
 
 
@@ -181,28 +197,11 @@ def time_grpo(world: dict[str, Any], work: Path, mode: str, args: argparse.Names
 
 
 def time_ppo(world: dict[str, Any], work: Path, args: argparse.Namespace) -> dict[str, float]:
-    from searchrl.ppo.config import PPOConfig
     from searchrl.ppo.trainer import PPOTrainer
 
-    cfg = grpo_config(work, "our_rollout", args)
-    env_config = env_config_for(cfg)
+    ppo_args = ppo_config(work, args)
+    env_config = ppo_args.env_config()
     tokenizer, backend = world["tokenizer"], world["backend"]
-    ppo_args = PPOConfig(
-        output_dir=str(work / "ppo"),
-        seed=1,
-        per_device_train_batch_size=args.episodes_per_step,
-        gradient_accumulation_steps=1,
-        total_episodes=args.episodes_per_step * (args.steps + args.warmup),
-        num_ppo_epochs=1,
-        num_mini_batches=1,
-        temperature=cfg.temperature,
-        max_new_tokens_per_turn=cfg.max_new_tokens_per_turn,
-        max_episode_tokens=cfg.max_episode_tokens,
-        learning_rate=cfg.learning_rate,
-        save_steps=10**6,
-        progress_bar=False,
-        save_trajectories=False,
-    )
     trainer = PPOTrainer(
         ppo_args,
         tokenizer,
