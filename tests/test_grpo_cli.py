@@ -137,3 +137,12 @@ def test_one_step_from_files_writes_the_run_directory(tmp_path: Path) -> None:
     assert [m["episode"] for m in lines if "loss" in m] == [2, 4]
     assert json.loads((run / "manifest.json").read_text())["resumed_from_step"] == 1
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-1", "step-2"]
+    # Resuming a finished run trains nothing more and keeps its history as it is.
+    again = CliRunner().invoke(
+        grpo_app(),
+        ["grpo", "--config", str(tmp_path / "grpo.yaml"), "--output-dir", str(run), "--set", "seed=5"]
+        + ["--max-steps", "2", "--resume"],
+    )
+    assert again.exit_code == 0, again.output
+    after = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in after if "loss" in m] == [1, 2]

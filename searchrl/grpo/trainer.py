@@ -194,6 +194,14 @@ class SearchGRPOTrainer(GRPOTrainer):
     def train(self, resume_from_checkpoint: str | bool | None = None, **kwargs: Any) -> Any:
         if resume_from_checkpoint is None and self.resume_checkpoint is not None:
             resume_from_checkpoint = str(self.resume_checkpoint)
+            saved = self.run_callback.resume_state if self.run_callback is not None else None
+            done = int(saved["global_step"]) if saved else 0
+            if done >= self.args.max_steps:
+                # Already at its budget. transformers would still run one step past max_steps when resumed
+                # there (it checks the budget after a step), so there is nothing to call.
+                from transformers.trainer_utils import TrainOutput
+
+                return TrainOutput(done, 0.0, {})
         return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
 
     def _get_train_sampler(self, dataset: Any = None) -> Any:
