@@ -41,6 +41,7 @@ LR_SCHEDULER_TYPES = (
 )
 MIXED_PRECISION_MODES = ("no", "bf16", "fp16")
 SEARCH_BACKENDS = ("bm25", "dense", "http")
+ROLLOUT_BACKENDS = ("hf", "vllm")
 
 
 def _help(text: str) -> dict[str, str]:
@@ -217,6 +218,28 @@ class PPOConfig:
     local_rollout_forward_batch_size: int = field(
         default=64,
         metadata=_help("Chunk size of the no-grad forward passes (reference logprobs, values, scores)."),
+    )
+    rollout_backend: Literal["hf", "vllm"] = field(
+        default="hf",
+        metadata=_help(
+            'Rollout engine: "hf" (searchrl.rollout.HFGenerator, CPU or GPU) or "vllm" '
+            "(searchrl.rollout.vllm_generator.VLLMGenerator: needs the vllm package and a CUDA GPU; same "
+            "trajectories, weights pushed to vLLM after every update)."
+        ),
+    )
+    vllm_gpu_memory_utilization: float = field(
+        default=0.3,
+        metadata=_help(
+            'rollout_backend "vllm": share of the GPU memory vLLM may take (weights and KV cache), in (0, 1]; '
+            "training shares the same GPU, so keep room for the policy, critic, reference and optimizer."
+        ),
+    )
+    vllm_enable_prefix_caching: bool = field(
+        default=True,
+        metadata=_help(
+            'rollout_backend "vllm": reuse cached KV blocks of the growing history, so each turn (which '
+            "re-submits prompt + history) does not prefill it again. Turn off only to measure its effect."
+        ),
     )
 
     # --- batch arithmetic (TRL 1.12) -------------------------------------------------------------
@@ -413,6 +436,7 @@ class PPOConfig:
         self._validate_optimisation()
         self._validate_counts()
         self._validate_collapse_guard()
+        self._validate_rollout_backend()
 
     # --- derived values ----------------------------------------------------------------------------
     @property
@@ -647,6 +671,20 @@ class PPOConfig:
             raise ValueError(
                 f"max_episode_tokens ({self.max_episode_tokens}) is smaller than max_new_tokens_per_turn "
                 f"({self.max_new_tokens_per_turn}); raise max_episode_tokens or lower the per-turn limit."
+            )
+
+    def _validate_rollout_backend(self) -> None:
+        _require_choice(self.rollout_backend, "rollout_backend", ROLLOUT_BACKENDS)
+        _require(
+            0.0 < self.vllm_gpu_memory_utilization <= 1.0,
+            "vllm_gpu_memory_utilization",
+            self.vllm_gpu_memory_utilization,
+            "must be in (0, 1] (a share of the GPU's memory)",
+        )
+        if self.rollout_backend == "vllm" and self.use_cpu:
+            raise ValueError(
+                'rollout_backend="vllm" runs on a CUDA GPU, but use_cpu is true; set use_cpu: false, or '
+                'rollout_backend: "hf" to stay on the CPU.'
             )
 
 

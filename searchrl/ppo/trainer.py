@@ -476,6 +476,11 @@ class PPOTrainer:
             max_episode_tokens=args.max_episode_tokens,
             seed=args.seed,
         )
+        if generator_factory is None and args.rollout_backend == "vllm":
+            # vLLM rollouts (GPU): checks vllm/CUDA first and raises ConfigError saying how to fix it.
+            from searchrl.rollout.vllm_generator import vllm_generator_factory
+
+            generator_factory = vllm_generator_factory(args, uses_deepspeed=self.uses_deepspeed)
         make_gen = generator_factory or HFGenerator
         self.generator = make_gen(self.policy, tok, self.generation_config)
         # The stop token the rollout ends a turn on (TRL 1.12's `stop_token_id`): the missing-EOS
@@ -755,6 +760,9 @@ class PPOTrainer:
 
         # 6. optimise
         train_stats = self._optimise(batch, old_logprobs, old_values * action_mask, advantages, returns)
+        sync_weights = getattr(self.generator, "sync_weights", None)
+        if sync_weights is not None:  # an engine with its own copy of the weights (vLLM): push the update
+            sync_weights(self.policy)
 
         # 7. control: the KL controller sees the batch mean of per-trajectory summed KL (TRL's unit), over
         # all ranks, and counts the global batch, so every rank holds the same coefficient.

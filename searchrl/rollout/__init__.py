@@ -1,4 +1,4 @@
-"""searchrl.rollout: trajectories, chat-template token glue, the batched multi-turn generator, metrics.
+"""searchrl.rollout: trajectories, chat-template token glue, the multi-turn generators (HF, vLLM), metrics.
 
 Names are imported lazily so that `searchrl.rollout.trajectory` (used by the environment and the
 rewards) does not pull in torch and transformers.
@@ -24,6 +24,11 @@ _EXPORTS = {
     "RolloutBatch": "generator",
     "ScriptedPolicy": "generator",
     "sampling_log_probs": "generator",
+    "VLLMGenerator": "vllm_generator",
+    "VLLMEngine": "vllm_generator",
+    "HFTokenEngine": "vllm_generator",
+    "TurnParams": "vllm_generator",
+    "TurnCompletion": "vllm_generator",
     "rollout_stats": "stats",
 }
 

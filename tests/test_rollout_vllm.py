@@ -1,0 +1,533 @@
+"""The vLLM rollout backend's loop on CPU: same trajectories as HFGenerator, weight sync, PPO wiring.
+
+`VLLMGenerator` keeps every vLLM call behind a `TokenEngine`. Here the engine is `HFTokenEngine`: the
+same tiny Qwen2 model answering the same token-id requests with real forward passes and a real KV
+prefix cache. Both generators are driven by the same `ScriptedPolicy` (forced tokens, the model's
+logprobs) or by greedy decoding, over the real `SearchEnvironment` and a real BM25 index, and their
+trajectories are compared token for token: ids, masks, spans, messages, terminations.
+
+The last tests need vLLM and a CUDA GPU; CPU CI skips them with the reason.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import json
+from dataclasses import replace
+
+import pytest
+import torch
+
+from searchrl.common.config import ConfigError
+from searchrl.env.environment import EnvConfig, SearchEnvironment
+from searchrl.models.tiny import TinyModelConfig, build_policy, tokenizer_training_texts, train_tokenizer
+from searchrl.ppo.config import PPOConfig
+from searchrl.rollout.generator import GenerationConfig, HFGenerator, ScriptedPolicy, sampling_log_probs
+from searchrl.rollout.vllm_generator import (
+    HFTokenEngine,
+    TurnCompletion,
+    VLLMGenerator,
+    check_vllm_available,
+    policy_weights,
+    weights_version,
+)
+from searchrl.search.index import build_index
+
+torch.set_num_threads(1)  # tiny models on a shared 2-core machine
+VLLM_ON_GPU = importlib.util.find_spec("vllm") is not None and torch.cuda.is_available()
+
+CORPUS = [
+    {"id": "d1", "title": "Varnholt", "contents": "Varnholt is a river town in the province of Quessa."},
+    {"id": "d2", "title": "Quessa", "contents": "Quessa is a mountain province; its capital is Orlenn."},
+    {"id": "d3", "title": "Orlenn", "contents": "Orlenn was founded by the weaver Amsel Drov in 1288."},
+    {"id": "d4", "title": "Amsel Drov", "contents": "Amsel Drov was a weaver born in Tiberk."},
+    {"id": "d5", "title": "Tiberk", "contents": "Tiberk is a fishing village on the Pale Coast."},
+]
+QA = [
+    {"id": "q1", "question": "In which province is Varnholt?", "golds": ["Quessa"]},
+    {"id": "q2", "question": "Who founded the capital of Quessa?", "golds": ["Amsel Drov"]},
+    {"id": "q3", "question": "Where was the founder of Orlenn born?", "golds": ["Tiberk"]},
+    {"id": "q4", "question": "What lies west of Quessa?", "golds": ["Pale Coast"]},
+]
+MODEL = TinyModelConfig(
+    hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=128
+)
+
+
+def call(query: str) -> str:
+    return f"<tool_call>\n{json.dumps({'name': 'search', 'arguments': {'query': query}})}\n</tool_call>"
+
+
+def answer(text: str, *cites: str) -> str:
+    return "<answer>" + " ".join([text, *[f"[{c}]" for c in cites]]) + "</answer>"
+
+
+SCRIPTS = [
+    [answer("Quessa", "d1")],
+    [call("Varnholt province"), answer("Quessa", "d1")],
+    [call("capital of Quessa"), call("Orlenn founded"), answer("Amsel Drov", "d3")],
+    [call("Orlenn"), call("Amsel Drov"), call("Tiberk"), answer("Tiberk", "d4")],
+]
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    root = tmp_path_factory.mktemp("vllm_world")
+    corpus_path = root / "corpus.jsonl"
+    corpus_path.write_text("".join(json.dumps(r) + "\n" for r in CORPUS))
+    backend = build_index(corpus_path, root / "index", backend="bm25")
+    backend.search(["Varnholt Quessa"], 1)  # the first match JIT-compiles: not under a deadline
+    tok = train_tokenizer(tokenizer_training_texts(CORPUS * 4, QA * 4), vocab_size=512)
+    return {"backend": backend, "tok": tok, "model": build_policy(tok, MODEL)}
+
+
+def make_envs(world, n: int, **cfg) -> list[SearchEnvironment]:
+    cfg.setdefault("system_prompt", "Answer with search.")  # a short prompt keeps the tests fast
+    return [SearchEnvironment(world["backend"], EnvConfig(**cfg), tokenizer=world["tok"]) for _ in range(n)]
+
+
+def rows_for(n: int) -> list[dict]:
+    return [QA[i % len(QA)] for i in range(n)]
+
+
+def both(world, scripts, protocol="chat", engine_wrapper=None, env_cfg=None, **gen):
+    """Roll the same rows out with HFGenerator and VLLMGenerator(HFTokenEngine); returns both batches."""
+    gen.setdefault("max_new_tokens_per_turn", 96)
+    gen.setdefault("max_episode_tokens", 1500)
+    cfg = GenerationConfig(**gen)
+    n = len(scripts)
+    env_cfg = {"protocol": protocol, **(env_cfg or {})}
+    forcing = ScriptedPolicy(world["tok"], scripts, append_eos=(protocol == "chat")) if any(scripts) else None
+    hf = HFGenerator(world["model"], world["tok"], replace(cfg), forcing=forcing)
+    hf_batch = hf.rollout(make_envs(world, n, **env_cfg), rows_for(n))
+    engine = HFTokenEngine(world["model"], world["tok"], forcing=forcing)
+    gen_v = VLLMGenerator(
+        world["model"],
+        world["tok"],
+        replace(cfg),
+        engine=engine_wrapper(engine) if engine_wrapper else engine,
+    )
+    v_batch = gen_v.rollout(make_envs(world, n, **env_cfg), rows_for(n))
+    return hf_batch, v_batch, engine
+
+
+def assert_same_trajectories(hf_batch, v_batch, logprob_tol=1e-4) -> None:
+    assert len(hf_batch.trajectories) == len(v_batch.trajectories)
+    for a, b in zip(hf_batch.trajectories, v_batch.trajectories, strict=True):
+        b.validate()
+        assert b.input_ids == a.input_ids
+        assert b.action_mask == a.action_mask
+        assert b.spans == a.spans
+        assert b.messages == a.messages
+        assert b.observations == a.observations
+        assert [(c.name, c.arguments, c.status) for c in b.tool_calls] == [
+            (c.name, c.arguments, c.status) for c in a.tool_calls
+        ]
+        assert (b.termination, b.num_turns, b.answer, b.citations) == (
+            a.termination,
+            a.num_turns,
+            a.answer,
+            a.citations,
+        )
+        gap = (torch.tensor(b.logprobs) - torch.tensor(a.logprobs)).abs().max().item()
+        assert gap <= logprob_tol
+        assert b.metadata["engine"] == "hf"
+
+
+def test_scripted_chat_rollouts_are_the_hf_generators_token_for_token(world):
+    hf_batch, v_batch, engine = both(world, SCRIPTS, temperature=1.0)
+    assert_same_trajectories(hf_batch, v_batch)
+    assert [t.termination for t in v_batch.trajectories] == ["answered"] * 4
+    assert [t.num_turns for t in v_batch.trajectories] == [1, 2, 3, 4]
+    # Observations really went in with mask 0, between the actions.
+    assert sum(s.kind == "observation" for t in v_batch.trajectories for s in t.spans) == 6
+    # One engine call per round; a round's paused rows share one step_batch.
+    assert v_batch.stats["rollout/engine_calls"] == 4
+    # Each re-submitted prompt is the row's previous prompt + the tokens sampled + the observation: the
+    # growing prefix a prefix cache serves (here most of every later prompt came from the cache).
+    by_row: dict[int, list[list[int]]] = {}
+    for prompt, p in engine.requests:
+        by_row.setdefault(p.row, []).append(prompt)
+    for prompts in by_row.values():
+        for earlier, later in zip(prompts, prompts[1:], strict=False):
+            assert later[: len(earlier)] == earlier and len(later) > len(earlier)
+    assert v_batch.stats["rollout/prefix_cache_hit_rate"] > 0.5
+    # Nothing is computed twice: about one position run per trajectory token, like HFGenerator's cache.
+    assert v_batch.stats["rollout/prefill_ratio"] <= 1.05
+    assert v_batch.stats["tools/calls_per_episode"] == hf_batch.stats["tools/calls_per_episode"]
+
+
+def test_search_r1_stop_strings_end_turns_where_hf_ends_them(world):
+    scripts = [
+        ["<search>Varnholt province</search>", answer("Quessa", "d1")],
+        ["<search>capital of Quessa</search>", "<search>Orlenn founded</search>", answer("Amsel Drov", "d3")],
+    ]
+    hf_batch, v_batch, _ = both(world, scripts, protocol="search_r1", temperature=0.7)
+    assert_same_trajectories(hf_batch, v_batch)
+    assert [t.num_turns for t in v_batch.trajectories] == [2, 3]
+    assert all(t.termination == "answered" for t in v_batch.trajectories)
+
+
+def test_greedy_free_decoding_matches_hf(world):
+    # No forcing: the untrained model decodes greedily in both engines until EOS or the turn budget.
+    hf_batch, v_batch, _ = both(world, [[], [], []], temperature=0.0, max_new_tokens_per_turn=20)
+    assert_same_trajectories(hf_batch, v_batch)
+    assert all(t.num_action_tokens > 0 for t in v_batch.trajectories)
+
+
+class ShortAnswers:
+    """An engine that returns at most 3 tokens per call (a stop the loop does not count)."""
+
+    def __init__(self, inner: HFTokenEngine) -> None:
+        self.inner, self.name = inner, inner.name
+
+    def generate(self, prompts, params):
+        return self.inner.generate(prompts, [replace(p, max_tokens=min(3, p.max_tokens)) for p in params])
+
+    def load_weights(self, weights):
+        self.inner.load_weights(weights)
+
+
+class RunsPastStops:
+    """An engine that ignores every stop (as an engine that checks stops late would) and samples on."""
+
+    def __init__(self, inner: HFTokenEngine) -> None:
+        self.inner, self.name = inner, inner.name
+
+    def generate(self, prompts, params):
+        return self.inner.generate(prompts, [replace(p, stop_token_ids=[], stop=[]) for p in params])
+
+    def load_weights(self, weights):
+        self.inner.load_weights(weights)
+
+
+@pytest.mark.parametrize("wrapper", [ShortAnswers, RunsPastStops], ids=["stops_short", "runs_past"])
+def test_where_the_engine_stops_does_not_change_the_trajectory(world, wrapper):
+    hf_batch, v_batch, _ = both(world, SCRIPTS[1:3], engine_wrapper=wrapper, temperature=1.0)
+    assert_same_trajectories(hf_batch, v_batch)
+    if wrapper is ShortAnswers:
+        assert v_batch.stats["rollout/engine_calls"] > 10  # turns were continued over many calls
+    else:
+        assert v_batch.stats["rollout/dropped_engine_tokens"] > 0  # tokens past our stop were dropped
+
+
+def test_token_budgets_end_episodes_exactly_as_hf(world):
+    long_turn = [[call("Varnholt province " * 6), answer("Quessa", "d1")]] * 2
+    hf_batch, v_batch, _ = both(world, long_turn, max_new_tokens_per_turn=12, max_episode_tokens=60)
+    assert_same_trajectories(hf_batch, v_batch)
+    assert [t.termination for t in v_batch.trajectories] == ["token_budget"] * 2
+    # The episode budget cuts an observation that would not fit, as in HFGenerator.
+    hf_batch, v_batch, _ = both(world, SCRIPTS[1:2], max_new_tokens_per_turn=96, max_episode_tokens=60)
+    assert_same_trajectories(hf_batch, v_batch)
+    assert v_batch.trajectories[0].termination == "token_budget"
+
+
+def test_a_context_limit_ends_the_episode_with_token_budget(world):
+    class Short(HFTokenEngine):
+        max_model_len = 0  # set per test below
+
+    engine = Short(world["model"], world["tok"], forcing=ScriptedPolicy(world["tok"], SCRIPTS[1:2]))
+    envs = make_envs(world, 1)
+    prompt_len = len(HFGenerator(world["model"], world["tok"])._start_row(0, envs[0], QA[0]).ids)
+    engine.max_model_len = prompt_len + 5
+    gen = VLLMGenerator(world["model"], world["tok"], GenerationConfig(), engine=engine)
+    traj = gen.rollout(make_envs(world, 1), rows_for(1)).trajectories[0]
+    assert traj.termination == "token_budget"
+    assert len(traj.input_ids) == prompt_len + 5 and traj.num_action_tokens == 5
+
+
+def test_an_environment_failure_ends_only_the_rows_of_that_step(world):
+    from searchrl.env.environment import step_batch
+
+    rounds = {"n": 0}
+
+    def flaky(envs, texts):
+        rounds["n"] += 1
+        if rounds["n"] == 2:
+            raise RuntimeError("index went away")
+        return step_batch(envs, texts)
+
+    cfg = GenerationConfig(max_new_tokens_per_turn=96, max_episode_tokens=1500)
+    engine = HFTokenEngine(world["model"], world["tok"], forcing=ScriptedPolicy(world["tok"], SCRIPTS))
+    gen = VLLMGenerator(world["model"], world["tok"], cfg, engine=engine, step_batch=flaky)
+    trajs = gen.rollout(make_envs(world, 4), rows_for(4)).trajectories
+    # Round 1 answered row 0; round 2 failed for rows 1-3, which end with "error" and the exception.
+    assert trajs[0].termination == "answered"
+    assert [t.termination for t in trajs[1:]] == ["error"] * 3
+    assert all("index went away" in t.metadata["error"] for t in trajs[1:])
+
+
+def test_engine_answers_are_checked(world):
+    class Broken:
+        name = "broken"
+
+        def generate(self, prompts, params):
+            return [TurnCompletion([5, 6], [0.0]) for _ in prompts]
+
+        def load_weights(self, weights):
+            pass
+
+    gen = VLLMGenerator(world["model"], world["tok"], GenerationConfig(), engine=Broken())
+    with pytest.raises(RuntimeError, match="2 tokens but 1 logprobs"):
+        gen.rollout(make_envs(world, 1), rows_for(1))
+    with pytest.raises(ValueError, match="one environment per row"):
+        gen.rollout(make_envs(world, 2), rows_for(1))
+    with pytest.raises(ValueError, match="only apply when no engine is passed"):
+        VLLMGenerator(world["model"], world["tok"], engine=Broken(), gpu_memory_utilization=0.5)
+
+
+def test_sampled_logprobs_are_the_sampling_distributions(world):
+    # Free sampling with filters through the engine: every recorded logprob equals a one-pass recompute
+    # under the same temperature / top-k / top-p (what PPO's old logprobs reproduce), and a seed repeats.
+    cfg = GenerationConfig(temperature=0.8, top_k=40, top_p=0.9, max_new_tokens_per_turn=24, seed=3)
+    run = lambda seed: VLLMGenerator(  # noqa: E731
+        world["model"],
+        world["tok"],
+        replace(cfg, seed=seed),
+        engine=HFTokenEngine(world["model"], world["tok"]),
+    ).rollout(make_envs(world, 3), rows_for(3))
+    first, again, other = run(3), run(3), run(4)
+    assert [t.input_ids for t in first.trajectories] == [t.input_ids for t in again.trajectories]
+    assert [t.input_ids for t in first.trajectories] != [t.input_ids for t in other.trajectories]
+    for traj in first.trajectories:
+        ids = torch.tensor([traj.input_ids])
+        with torch.no_grad():
+            logits = world["model"](ids).logits[0, :-1]
+        logp = sampling_log_probs(logits, 0.8, 40, 0.9).gather(1, ids[0, 1:, None]).squeeze(1)
+        mask = torch.tensor(traj.action_mask[1:], dtype=torch.bool)
+        assert (logp[mask] - torch.tensor(traj.logprobs[1:])[mask]).abs().max().item() <= 1e-4
+
+
+def test_sync_weights_pushes_updates_and_rollout_syncs_stale_weights(world):
+    policy = copy.deepcopy(world["model"])
+    engine = HFTokenEngine(copy.deepcopy(world["model"]), world["tok"])
+    cfg = GenerationConfig(temperature=0.0, max_new_tokens_per_turn=16)
+    gen = VLLMGenerator(policy, world["tok"], cfg, engine=engine)
+    gen.rollout(make_envs(world, 1), rows_for(1))
+    assert gen.weight_syncs == 0 and engine.loads == 0  # nothing changed yet
+    # One optimizer step on the policy: the engine is stale until synced.
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=0.05)
+    ids = torch.tensor([list(range(3, 40))])
+    policy(input_ids=ids, labels=ids).loss.backward()
+    optimizer.step()
+    before = weights_version(policy)
+    assert any(
+        not torch.equal(a, b) for a, b in zip(policy.parameters(), engine.model.parameters(), strict=True)
+    )
+    batch = gen.rollout(make_envs(world, 2), rows_for(2))  # auto-sync before sampling
+    assert gen.weight_syncs == 1 and engine.loads == 1 and batch.stats["rollout/weight_syncs"] == 1
+    for a, b in zip(policy.parameters(), engine.model.parameters(), strict=True):
+        assert torch.equal(a, b)
+    # What the engine now samples is what HFGenerator samples with the updated policy.
+    hf = HFGenerator(policy, world["tok"], replace(cfg)).rollout(make_envs(world, 2), rows_for(2))
+    assert [t.input_ids for t in batch.trajectories] == [t.input_ids for t in hf.trajectories]
+    # An explicit sync (what PPOTrainer calls after each update) also drops the stale prefix cache.
+    assert engine._prefix_cache
+    gen.sync_weights(policy)
+    assert engine.loads == 2 and not engine._prefix_cache and weights_version(policy) == before
+
+
+def test_policy_weights_merge_a_lora_adapter_under_the_base_names(world):
+    from peft import LoraConfig, get_peft_model
+
+    base = copy.deepcopy(world["model"])
+    names = [n for n, _ in base.named_parameters()]
+    peft_model = get_peft_model(copy.deepcopy(base), LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for n, p in peft_model.named_parameters():
+            if "lora_B" in n:
+                p.normal_()  # a trained adapter (B starts at zero)
+    merged = copy.deepcopy(peft_model).merge_and_unload()
+    ids = torch.tensor([[3, 4, 5, 6]])
+    out_before = peft_model(input_ids=ids).logits
+    with policy_weights(peft_model) as weights:
+        got = {n: t.clone() for n, t in weights}
+    assert list(got) == names  # the base model's names, no lora tensors
+    for n, t in merged.named_parameters():
+        assert torch.allclose(got[n], t, atol=1e-6), n
+    assert not torch.allclose(
+        got["model.layers.0.self_attn.q_proj.weight"], base.model.layers[0].self_attn.q_proj.weight
+    )
+    # Unmerged again afterwards: the PEFT model computes what it computed before.
+    assert torch.allclose(peft_model(input_ids=ids).logits, out_before, atol=1e-5)
+    # And an engine loaded from them samples like the merged model.
+    engine = HFTokenEngine(copy.deepcopy(base), world["tok"])
+    gen = VLLMGenerator(
+        peft_model, world["tok"], GenerationConfig(temperature=0.0, max_new_tokens_per_turn=12), engine=engine
+    )
+    gen.sync_weights()
+    hf = HFGenerator(merged, world["tok"], GenerationConfig(temperature=0.0, max_new_tokens_per_turn=12))
+    a = gen.rollout(make_envs(world, 1), rows_for(1)).trajectories[0]
+    b = hf.rollout(make_envs(world, 1), rows_for(1)).trajectories[0]
+    assert a.input_ids == b.input_ids
+
+
+# -------------------------------------------------------------------------------------------------
+# configuration and the trainer
+# -------------------------------------------------------------------------------------------------
+
+
+def test_config_validates_the_rollout_backend():
+    assert PPOConfig().rollout_backend == "hf" and PPOConfig().vllm_enable_prefix_caching is True
+    with pytest.raises(ValueError, match=r"rollout_backend='sglang' is not one of \['hf', 'vllm'\]"):
+        PPOConfig(rollout_backend="sglang")
+    for bad in (0.0, 1.5, -0.1):
+        with pytest.raises(ValueError, match="vllm_gpu_memory_utilization.*must be in \\(0, 1\\]"):
+            PPOConfig(vllm_gpu_memory_utilization=bad)
+    with pytest.raises(ValueError, match="use_cpu is true; set use_cpu: false"):
+        PPOConfig(rollout_backend="vllm", use_cpu=True)
+    assert PPOConfig(rollout_backend="vllm", vllm_gpu_memory_utilization=1.0).rollout_backend == "vllm"
+
+
+def test_vllm_missing_or_no_cuda_is_a_config_error_saying_how_to_fix(monkeypatch):
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real_find_spec(name, *a)
+    )
+    with pytest.raises(ConfigError, match=r"needs the vllm package.*rollout_backend: \"hf\""):
+        check_vllm_available()
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "vllm" else None)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ConfigError, match=r"needs a CUDA GPU.*rollout_backend: \"hf\""):
+        check_vllm_available()
+
+
+@pytest.fixture()
+def ppo_parts(world, tmp_path):
+    from searchrl.rewards.combine import default_rubric
+
+    def env():
+        return SearchEnvironment(
+            world["backend"],
+            EnvConfig(max_turns=2, max_tool_calls=1, system_prompt="Answer with search."),
+            tokenizer=world["tok"],
+        )
+
+    def args(**kw):
+        base = dict(
+            output_dir=str(tmp_path / "run"),
+            per_device_train_batch_size=2,
+            gradient_accumulation_steps=1,
+            total_episodes=4,
+            num_ppo_epochs=1,
+            max_new_tokens_per_turn=8,
+            max_episode_tokens=40,
+            learning_rate=1e-2,
+            temperature=1.0,
+            save_steps=1000,
+            eval_steps=1000,
+            progress_bar=False,
+            save_trajectories=False,
+            seed=0,
+        )
+        return PPOConfig(**{**base, **kw})
+
+    return {"env": env, "args": args, "rubric": default_rubric()}
+
+
+@pytest.mark.skipif(
+    VLLM_ON_GPU,
+    reason="vllm and CUDA are present: the trainer builds a real vLLM engine instead of raising",
+)
+def test_trainer_with_vllm_backend_and_no_vllm_raises_config_error(world, ppo_parts):
+    from searchrl.ppo.trainer import PPOTrainer
+
+    with pytest.raises(ConfigError, match=r"rollout_backend=\"vllm\" needs"):
+        PPOTrainer(
+            ppo_parts["args"](rollout_backend="vllm"),
+            world["tok"],
+            copy.deepcopy(world["model"]),
+            None,
+            None,
+            QA,
+            reward_funcs=ppo_parts["rubric"],
+            environment=ppo_parts["env"],
+        )
+
+
+class LikedTokens:
+    """A learnable reward (share of sampled ids divisible by 4) so the update really moves the policy."""
+
+    def score(self, traj):
+        sampled = [t for t, m in zip(traj.input_ids, traj.action_mask, strict=True) if m]
+        value = sum(t % 4 == 0 for t in sampled) / max(1, len(sampled))
+        return value, {"liked_tokens": value}
+
+
+def test_ppo_trainer_pushes_weights_to_the_engine_after_every_update(world, ppo_parts):
+    from searchrl.ppo.trainer import PPOTrainer
+
+    engines: list[HFTokenEngine] = []
+
+    def factory(model, tok, cfg):
+        # A separate copy of the weights, as vLLM holds; auto_sync off so only the trainer's call syncs.
+        engines.append(HFTokenEngine(copy.deepcopy(model), tok))
+        return VLLMGenerator(model, tok, cfg, engine=engines[-1], auto_sync=False)
+
+    trainer = PPOTrainer(
+        ppo_parts["args"](),
+        world["tok"],
+        copy.deepcopy(world["model"]),
+        None,
+        None,
+        QA,
+        reward_funcs=LikedTokens(),
+        environment=ppo_parts["env"],
+        generator_factory=factory,
+    )
+    engine = engines[0]
+    for step in (1, 2):
+        metrics = trainer.step()
+        assert engine.loads == step
+        for a, b in zip(trainer.policy.parameters(), engine.model.parameters(), strict=True):
+            assert torch.equal(a, b)
+        # The rollout came from the engine's copy: its logprobs equal the trainer's recompute only
+        # because that copy held the policy's current weights (step 2 samples after the first update).
+        assert metrics["rollout/logprob_max_abs_diff"] <= 1e-4
+        assert metrics["rollout/engine_calls"] >= 1
+
+
+# -------------------------------------------------------------------------------------------------
+# real vLLM (GPU only)
+# -------------------------------------------------------------------------------------------------
+
+
+def _require_vllm_gpu():
+    pytest.importorskip("vllm", reason="vLLM is not installed (GPU-only backend; CPU CI skips this)")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU: the vLLM backend runs on GPUs only")
+
+
+def test_real_vllm_greedy_rollouts_match_hf_and_follow_weight_syncs(world):
+    _require_vllm_gpu()
+    policy = copy.deepcopy(world["model"]).cuda()
+    cfg = GenerationConfig(temperature=0.0, max_new_tokens_per_turn=24, max_episode_tokens=200)
+    gen = VLLMGenerator(policy, world["tok"], replace(cfg), dtype="float32", gpu_memory_utilization=0.2)
+    hf = HFGenerator(policy, world["tok"], replace(cfg))
+    a = gen.rollout(make_envs(world, 4), rows_for(4))
+    b = hf.rollout(make_envs(world, 4), rows_for(4))
+    assert [t.input_ids for t in a.trajectories] == [t.input_ids for t in b.trajectories]
+    with torch.no_grad():
+        for p in policy.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    gen.sync_weights(policy)
+    a = gen.rollout(make_envs(world, 4), rows_for(4))
+    b = hf.rollout(make_envs(world, 4), rows_for(4))
+    assert [t.input_ids for t in a.trajectories] == [t.input_ids for t in b.trajectories]
+
+
+def test_real_vllm_logprobs_are_the_tempered_filtered_ones(world):
+    _require_vllm_gpu()
+    policy = copy.deepcopy(world["model"]).cuda()
+    cfg = GenerationConfig(temperature=0.7, top_k=50, top_p=0.9, max_new_tokens_per_turn=32)
+    gen = VLLMGenerator(policy, world["tok"], cfg, dtype="float32", gpu_memory_utilization=0.2)
+    batch = gen.rollout(make_envs(world, 4), rows_for(4))
+    for traj in batch.trajectories:
+        ids = torch.tensor([traj.input_ids], device="cuda")
+        with torch.no_grad():
+            logits = policy(ids).logits[0, :-1]
+        logp = sampling_log_probs(logits, 0.7, 50, 0.9).gather(1, ids[0, 1:, None]).squeeze(1).cpu()
+        mask = torch.tensor(traj.action_mask[1:], dtype=torch.bool)
+        assert (logp[mask] - torch.tensor(traj.logprobs[1:])[mask]).abs().max().item() <= 1e-3
