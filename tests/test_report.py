@@ -383,8 +383,11 @@ def test_report_cli_compare_option(three_runs, tmp_path):
     assert bad.exit_code != 0 and "LABEL=DIR" in bad.output
     empty = tmp_path / "empty-run"
     (empty / "eval").mkdir(parents=True)
-    none = CliRunner().invoke(app, ["report", "--run", str(three_runs["PPO"]), "--compare", f"X={empty}"])
-    assert none.exit_code != 0 and "no eval/step-N.json" in none.output
+    # A wide terminal: rich would otherwise wrap the long temporary path inside the message.
+    none = CliRunner().invoke(
+        app, ["report", "--run", str(three_runs["PPO"]), "--compare", f"X={empty}"], env={"COLUMNS": "1000"}
+    )
+    assert none.exit_code != 0 and "no eval/step-N.json" in none.output, none.output
 
 
 def test_curve_falls_back_to_the_metrics_log_and_names_missing_clocks(tmp_path):
