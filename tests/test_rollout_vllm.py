@@ -6,6 +6,10 @@ prefix cache. Both generators are driven by the same `ScriptedPolicy` (forced to
 logprobs) or by greedy decoding, over the real `SearchEnvironment` and a real BM25 index, and their
 trajectories are compared token for token: ids, masks, spans, messages, terminations.
 
+`VLLMEngine` itself (the only code that calls vLLM) runs against a stand-in `vllm` module shaped like
+vLLM 0.24's API (`LLM(...)` arguments, `SamplingParams`, request outputs with per-token logprob dicts,
+`num_cached_tokens`, the in-process and `collective_rpc` weight paths, `reset_prefix_cache`).
+
 The last tests need vLLM and a CUDA GPU; CPU CI skips them with the reason.
 """
 
@@ -27,6 +31,7 @@ from searchrl.rollout.generator import GenerationConfig, HFGenerator, ScriptedPo
 from searchrl.rollout.vllm_generator import (
     HFTokenEngine,
     TurnCompletion,
+    TurnParams,
     VLLMGenerator,
     check_vllm_available,
     policy_weights,
@@ -487,6 +492,198 @@ def test_ppo_trainer_pushes_weights_to_the_engine_after_every_update(world, ppo_
         # because that copy held the policy's current weights (step 2 samples after the first update).
         assert metrics["rollout/logprob_max_abs_diff"] <= 1e-4
         assert metrics["rollout/engine_calls"] >= 1
+
+
+# -------------------------------------------------------------------------------------------------
+# VLLMEngine's calls into vLLM, against a stand-in `vllm` module (CPU)
+# -------------------------------------------------------------------------------------------------
+
+
+class FakeLLM:
+    """Stands in for `vllm.LLM` with the API VLLMEngine uses (vLLM 0.24, checked against its source).
+
+    It loads the model folder it is given (as vLLM does, before `from_model`'s temporary folder goes)
+    and answers `generate` with an `HFTokenEngine` over that model, translating each `SamplingParams`
+    back and each completion into vLLM's output shape: `outputs[0].token_ids`, `.logprobs` (one
+    {token_id: Logprob} dict per token), `.finish_reason`, `num_cached_tokens`. `in_process=False`
+    hides the driver model, as when the engine runs in another process.
+    """
+
+    in_process = True
+    instances: list = []
+
+    def __init__(self, model, **kwargs):
+        from types import SimpleNamespace
+
+        from searchrl.models.tiny import load_policy, load_tokenizer
+
+        self.kwargs = {"model": model, **kwargs}
+        self.hf = HFTokenEngine(load_policy(model), load_tokenizer(model))
+        self.resets = 0
+        self.rpc_calls = []
+        executor = SimpleNamespace(
+            driver_worker=SimpleNamespace(model_runner=SimpleNamespace(model=self.hf.model))
+        )
+        self.llm_engine = SimpleNamespace(
+            model_config=SimpleNamespace(max_model_len=kwargs.get("max_model_len") or 4096),
+            **({"model_executor": executor} if self.in_process else {}),
+        )
+        FakeLLM.instances.append(self)
+
+    def generate(self, prompts, sampling, use_tqdm=True):
+        from types import SimpleNamespace
+
+        assert use_tqdm is False and len(prompts) == len(sampling)
+        params = []
+        for sp in sampling:
+            assert sp.n == 1 and sp.ignore_eos is True and sp.logprobs == 0
+            assert sp.include_stop_str_in_output is True and sp.skip_special_tokens is False
+            assert sp.detokenize == bool(sp.stop)  # vLLM refuses stop strings without detokenize
+            params.append(
+                TurnParams(
+                    max_tokens=sp.max_tokens,
+                    temperature=sp.temperature,
+                    top_p=sp.top_p,
+                    top_k=sp.top_k,
+                    seed=sp.seed,
+                    stop_token_ids=list(sp.stop_token_ids),
+                    stop=list(sp.stop or []),
+                )
+            )
+        done = self.hf.generate([p["prompt_token_ids"] for p in prompts], params)
+        return [
+            SimpleNamespace(
+                num_cached_tokens=c.cached_tokens,
+                outputs=[
+                    SimpleNamespace(
+                        token_ids=tuple(c.token_ids),
+                        logprobs=[
+                            {t: SimpleNamespace(logprob=lp)}
+                            for t, lp in zip(c.token_ids, c.logprobs, strict=True)
+                        ],
+                        finish_reason=c.finish_reason,
+                    )
+                ],
+            )
+            for c in done
+        ]
+
+    def reset_prefix_cache(self):
+        self.resets += 1
+        self.hf._prefix_cache.clear()
+
+    def collective_rpc(self, method, args=()):
+        from types import SimpleNamespace
+
+        self.rpc_calls.append(args)
+        return [method(SimpleNamespace(model_runner=SimpleNamespace(model=self.hf.model)), *args)]
+
+
+@pytest.fixture()
+def fake_vllm(monkeypatch, world):
+    import sys
+    import types
+
+    from searchrl.rollout import vllm_generator as vg
+
+    module = types.ModuleType("vllm")
+    module.LLM = FakeLLM
+    module.SamplingParams = lambda **kw: types.SimpleNamespace(**kw)
+    monkeypatch.setitem(sys.modules, "vllm", module)
+    monkeypatch.setattr(vg, "check_vllm_available", lambda: None)
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)  # the external launcher's variables: restored afterwards
+    FakeLLM.instances = []
+    monkeypatch.setattr(FakeLLM, "in_process", True)
+    # HF's Qwen2 load_weights equivalent for the fake's model: copy by name (vLLM's loader does more).
+    monkeypatch.setattr(
+        type(world["model"]),
+        "load_weights",
+        lambda self, weights: [dict(self.named_parameters())[n].data.copy_(t) for n, t in weights],
+        raising=False,
+    )
+    return FakeLLM
+
+
+def test_vllm_engine_requests_and_answers_round_trip_through_the_vllm_api(world, fake_vllm):
+    import os
+
+    from searchrl.rollout.vllm_generator import VLLMEngine
+
+    cfg = GenerationConfig(temperature=0.0, max_new_tokens_per_turn=20, max_episode_tokens=300)
+    policy = copy.deepcopy(world["model"])
+    gen = VLLMGenerator(policy, world["tok"], replace(cfg), gpu_memory_utilization=0.25, max_model_len=512)
+    assert isinstance(gen.engine, VLLMEngine) and gen.engine.max_model_len == 512
+    llm = fake_vllm.instances[0]
+    kw = llm.kwargs
+    # TRL 1.16's colocate settings: in-process engine, processed logprobs, batched-token cap.
+    assert kw["distributed_executor_backend"] == "external_launcher"
+    assert kw["logprobs_mode"] == "processed_logprobs"
+    assert kw["enable_prefix_caching"] is True and kw["gpu_memory_utilization"] == 0.25
+    assert kw["max_num_batched_tokens"] == 4096
+    assert os.environ["WORLD_SIZE"] == "1" and os.environ["RANK"] == "0"
+    # Greedy rollouts through the vLLM-shaped requests and answers equal HFGenerator's.
+    a = gen.rollout(make_envs(world, 3), rows_for(3))
+    b = HFGenerator(policy, world["tok"], replace(cfg)).rollout(make_envs(world, 3), rows_for(3))
+    assert [t.input_ids for t in a.trajectories] == [t.input_ids for t in b.trajectories]
+    assert [t.action_mask for t in a.trajectories] == [t.action_mask for t in b.trajectories]
+    assert all(t.metadata["engine"] == "vllm" for t in a.trajectories)
+    # Weight sync, in-process path (TRL's model_runner.model.load_weights), then the prefix cache reset.
+    with torch.no_grad():
+        for p in policy.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    gen.sync_weights(policy)
+    assert llm.resets == 1 and not llm.rpc_calls
+    for x, y in zip(policy.parameters(), llm.hf.model.parameters(), strict=True):
+        assert torch.equal(x, y)
+    a = gen.rollout(make_envs(world, 2), rows_for(2))
+    b = HFGenerator(policy, world["tok"], replace(cfg)).rollout(make_envs(world, 2), rows_for(2))
+    assert [t.input_ids for t in a.trajectories] == [t.input_ids for t in b.trajectories]
+
+
+def test_vllm_engine_stop_strings_and_worker_process_weight_path(world, fake_vllm, monkeypatch):
+    from searchrl.rollout.vllm_generator import VLLMEngine
+
+    monkeypatch.setattr(fake_vllm, "in_process", False)  # no driver model: collective_rpc
+    policy = copy.deepcopy(world["model"])
+    engine = VLLMEngine.from_model(policy, world["tok"])
+    llm = fake_vllm.instances[0]
+    stop = TurnParams(max_tokens=6, temperature=0.0, stop=["</search>"], stop_token_ids=[3])
+    plain = TurnParams(max_tokens=6, temperature=0.0, stop_token_ids=[3])
+    prompt = world["tok"]("Where is Varnholt?")["input_ids"]
+    out = engine.generate([prompt, prompt], [stop, plain])
+    assert [len(o.token_ids) for o in out] == [len(o.logprobs) for o in out]
+    assert out[0].token_ids == out[1].token_ids  # greedy, and no stop string was produced
+    # A request extending an earlier prompt and answer: `num_cached_tokens` comes back as cached_tokens.
+    again = engine.generate([prompt + out[1].token_ids + [5]], [plain])[0]
+    assert out[1].cached_tokens == 0 and again.cached_tokens == len(prompt) + len(out[1].token_ids) - 1
+    with torch.no_grad():
+        for p in policy.parameters():
+            p.mul_(0.5)
+    with policy_weights(policy) as weights:
+        engine.load_weights(weights)
+    assert len(llm.rpc_calls) == 1 and llm.resets == 1
+    sent = llm.rpc_calls[0][0]
+    assert all(t.device.type == "cpu" for _, t in sent)
+    for x, y in zip(policy.parameters(), llm.hf.model.parameters(), strict=True):
+        assert torch.equal(x, y)
+
+
+def test_vllm_engine_refuses_answers_without_logprobs(world, fake_vllm, monkeypatch):
+    from types import SimpleNamespace
+
+    from searchrl.rollout.vllm_generator import VLLMEngine
+
+    engine = VLLMEngine.from_model(copy.deepcopy(world["model"]), world["tok"])
+    monkeypatch.setattr(
+        engine.llm,
+        "generate",
+        lambda prompts, sampling, use_tqdm: [
+            SimpleNamespace(outputs=[SimpleNamespace(token_ids=[5], logprobs=None, finish_reason="length")])
+        ],
+    )
+    with pytest.raises(RuntimeError, match=r"no per-token logprobs"):
+        engine.generate([[1, 2, 3]], [TurnParams(max_tokens=1)])
 
 
 # -------------------------------------------------------------------------------------------------

@@ -335,7 +335,10 @@ class VLLMEngine:
 
     The `LLM` is created with `enable_prefix_caching`, `logprobs_mode="processed_logprobs"` (the logprob
     of the sampled token under the tempered, top-k/top-p filtered distribution, which is the rollout
-    logprob `sampling_log_probs` defines) and `distributed_executor_backend="external_launcher"`.
+    logprob `sampling_log_probs` defines), `distributed_executor_backend="external_launcher"` and, unless
+    `llm_kwargs` says otherwise, `max_num_batched_tokens=4096`: TRL 1.16's colocate settings (TRL caps the
+    batched tokens because vLLM V1's memory profiler, sized for the default cap, may find too little
+    memory beside the trainer). Written against vLLM 0.24's API; never run here for lack of a GPU.
     """
 
     name = "vllm"
@@ -355,6 +358,8 @@ class VLLMEngine:
         check_vllm_available()
         _external_launcher_env()
         from vllm import LLM
+
+        llm_kwargs.setdefault("max_num_batched_tokens", 4096)
 
         self.llm = LLM(
             model=str(model_dir),
