@@ -459,6 +459,7 @@ def test_config_defaults_are_trl_1_12s() -> None:
     assert {name: getattr(cfg, name) for name in trl_defaults} == trl_defaults
     assert cfg.kl_target is None and cfg.kl_horizon == 10000 and cfg.max_grad_norm == 1.0
     assert cfg.report_to == ["none"] and cfg.collapse_guard is False
+    assert cfg.eval_on_start is False  # TRL's PPO had no step-0 evaluation
     assert cfg.effective_value_learning_rate == cfg.learning_rate
 
 

@@ -59,8 +59,19 @@ TINY = TinyModelConfig(
 )
 # Tiny models on a shared 2-core machine: intra-op threads only fight each other (10x slower measured).
 torch.set_num_threads(1)
-# Wall-clock figures differ between two identical runs; everything else must not.
-TIMING_KEYS = ("seconds", "per_second", "tokens_per_s", "wall_s", "latency", "search_s", "search_share")
+# Wall-clock figures differ between two identical runs; everything else must not. `time/*` are the
+# training clocks (`time/train_s`, `time/elapsed_s`): wall-clock too, and a resumed run's also carry the
+# killed run's seconds up to its checkpoint, so they cannot equal an uninterrupted run's.
+TIMING_KEYS = (
+    "seconds",
+    "per_second",
+    "tokens_per_s",
+    "wall_s",
+    "latency",
+    "search_s",
+    "search_share",
+    "time/",
+)
 
 
 class LikedTokens:
@@ -381,6 +392,9 @@ class LogRecorder(TrainerCallback):
     def on_save(self, args, state, control, **kw):
         self.events.append(("save", state.global_step))
 
+    def on_evaluate(self, args, state, control, metrics=None, **kw):
+        self.events.append(("evaluate", state.global_step))
+
 
 def test_scheduler_steps_once_per_optimizer_step(world, tmp_path):
     rec = LogRecorder()
@@ -468,6 +482,49 @@ def test_every_issue_metric_is_in_metrics_jsonl_and_reaches_callbacks(world, tmp
     state = json.loads((ckpt / "trainer_state.json").read_text())
     assert {"global_step", "episode", "data_epoch", "data_offset", "kl_controller"} <= set(state)
     assert (tmp_path / "run" / "manifest.json").exists() and (tmp_path / "run" / "config.yaml").exists()
+
+
+def test_report_to_tensorboard_writes_every_logged_metric_at_its_step(world, tmp_path, monkeypatch):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    monkeypatch.delenv(
+        "TENSORBOARD_LOGGING_DIR", raising=False
+    )  # transformers' default: RUN/runs/<date_host>
+    rec = LogRecorder()
+    trainer = make_trainer(
+        world,
+        tmp_path,
+        total_episodes=8,
+        report_to=["tensorboard"],
+        eval_on_start=True,
+        eval_steps=2,
+        num_eval_questions=2,
+        eval_dataset=QA,
+        callbacks=[rec],
+    )
+    trainer.train()
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1, 2]
+    assert [e for e in rec.events if e[0] == "evaluate"] == [("evaluate", 0), ("evaluate", 2)]
+    (events,) = (tmp_path / "run" / "runs").rglob("events.out.tfevents.*")
+    board = EventAccumulator(str(events.parent))
+    board.Reload()
+    # transformers' TensorBoardCallback writes every numeric log under `train/` at TrainerState.global_step.
+    for key in (
+        "objective/kl",
+        "objective/scores",
+        "loss/policy_avg",
+        "kl_coef",
+        "lr",
+        "episode",
+        "time/train_s",
+    ):
+        logged = [(r["step"], r[key]) for r in rows if key in r]
+        assert len(logged) >= 2, key
+        written = [(e.step, e.value) for e in board.Scalars(f"train/{key}")]
+        assert [s for s, _ in written] == [s for s, _ in logged], key
+        assert [v for _, v in written] == pytest.approx([v for _, v in logged], rel=1e-6, abs=1e-12), key
+    assert [e.step for e in board.Scalars("train/eval/exact_match")] == [0, 2]
 
 
 def test_peft_lora_trains_the_adapter_and_the_reference_is_the_base_model(world, tmp_path):

@@ -49,7 +49,7 @@ def world(tmp_path_factory):
     return build_world(tmp_path_factory.mktemp("ppo_world"))
 
 
-def trainer_for(world, out, callbacks=None, rows=QA, **kw) -> PPOTrainer:
+def trainer_for(world, out, callbacks=None, rows=QA, eval_rows=None, **kw) -> PPOTrainer:
     base = dict(total_episodes=16, save_steps=1, num_ppo_epochs=2, learning_rate=3e-3)
     base.update(kw)
     args = make_args(out, **base)
@@ -62,13 +62,28 @@ def trainer_for(world, out, callbacks=None, rows=QA, **kw) -> PPOTrainer:
         rows,
         reward_funcs=LikedTokens(),
         environment=env_factory(world),
+        eval_dataset=eval_rows,
         callbacks=callbacks or [],
     )
 
 
+def read_raw_metrics(out) -> list[dict]:
+    return [json.loads(line) for line in (out / "run" / "metrics.jsonl").read_text().splitlines()]
+
+
 def read_metrics(out) -> list[dict]:
-    rows = [json.loads(line) for line in (out / "run" / "metrics.jsonl").read_text().splitlines()]
-    return [{k: v for k, v in r.items() if not any(t in k for t in TIMING_KEYS)} for r in rows]
+    return [
+        {k: v for k, v in r.items() if not any(t in k for t in TIMING_KEYS)} for r in read_raw_metrics(out)
+    ]
+
+
+def read_eval_files(out) -> list[dict]:
+    files = (out / "run" / "eval").glob("step-*.json")
+    return sorted((json.loads(f.read_text()) for f in files), key=lambda e: e["step"])
+
+
+def strictly_increasing(values) -> bool:
+    return all(a < b for a, b in zip(values, values[1:], strict=False))
 
 
 def test_killed_and_resumed_run_matches_the_uninterrupted_run_exactly(world, tmp_path):
@@ -96,6 +111,44 @@ def test_killed_and_resumed_run_matches_the_uninterrupted_run_exactly(world, tmp
         assert p.equal(q), name
     # Rollout seeds are per step (seed * 1_000_003 + step), and the generator's own seed is left alone.
     assert resumed.generator.config.seed == resumed.args.seed
+
+
+def test_eval_on_start_and_the_training_clock_go_on_across_a_resume(world, tmp_path):
+    # 12 episodes / batch 4 = 3 steps, evaluated before the first update and after every step; killed
+    # after step 2 is logged (and evaluated), before its checkpoint: the resume redoes step 2 from step 1.
+    kw = dict(total_episodes=12, num_ppo_epochs=1, eval_on_start=True, eval_steps=1, num_eval_questions=2)
+    with pytest.raises(Killed):
+        trainer_for(world, tmp_path, callbacks=[KillAt("on_log", 2)], eval_rows=QA, **kw).train()
+    before = read_raw_metrics(tmp_path)
+    assert [r["step"] for r in before] == [0, 1, 2]
+    saved = json.loads((tmp_path / "run" / "checkpoints" / "step-1" / "trainer_state.json").read_text())
+    trainer_for(world, tmp_path, eval_rows=QA, **kw).train(resume=True)
+
+    rows = read_raw_metrics(tmp_path)
+    assert [r["step"] for r in rows] == [0, 1, 2, 3]  # step 0 is not evaluated again on resume
+    train_s = [r["time/train_s"] for r in rows]
+    assert train_s[0] == 0.0 and strictly_increasing(train_s)
+    # The clock went on from the checkpoint's reading, which is at least step 1's (saved after its line).
+    assert rows[1] == before[1] and train_s[1] <= saved["time/train_s"] < train_s[2]
+    # Evaluation time is not training time; elapsed counts both.
+    assert all(r["time/elapsed_s"] > r["time/train_s"] for r in rows[1:])
+
+    evals = read_eval_files(tmp_path)
+    assert [e["step"] for e in evals] == [0, 1, 2, 3]
+    assert [e["episode"] for e in evals] == [0, 4, 8, 12] == [r["episode"] for r in rows]
+    # Each eval file carries its step's clock reading: what the report's side-by-side curves read.
+    assert [e["time/train_s"] for e in evals] == train_s
+    assert [e["eval/exact_match"] for e in evals] == [r["eval/exact_match"] for r in rows]
+
+
+def test_without_eval_on_start_there_is_no_step_0_and_every_step_has_a_clock(world, tmp_path):
+    trainer_for(world, tmp_path, eval_rows=QA, total_episodes=8, eval_steps=2, num_eval_questions=2).train()
+    rows = read_raw_metrics(tmp_path)
+    assert [r["step"] for r in rows] == [1, 2]
+    assert rows[0]["time/train_s"] > 0 and strictly_increasing([r["time/train_s"] for r in rows])
+    (only,) = read_eval_files(tmp_path)
+    assert only["step"] == 2 and only["episode"] == 8 and only["time/train_s"] == rows[1]["time/train_s"]
+    assert not (tmp_path / "run" / "eval" / "step-0.json").exists()
 
 
 def test_rollouts_are_seeded_per_step_through_the_generator_config(world, tmp_path):
@@ -132,6 +185,8 @@ def test_collapse_guard_rolls_back_an_absurd_learning_rate_and_the_run_recovers(
     rows = read_metrics(tmp_path)
     fired = [i for i, r in enumerate(rows) if r.get("guard/rollback")]
     assert fired, "the guard never fired on an lr of 2.0"
+    # A rollback restores the weights, not the clock: the failed steps took real training time.
+    assert strictly_increasing([r["time/train_s"] for r in read_raw_metrics(tmp_path)])
     first = rows[fired[0]]
     assert "entropy" in first["guard/reason"] or "KL" in first["guard/reason"]
     assert first["objective/entropy_per_token"] < 1.0 or first["objective/kl"] > 20.0

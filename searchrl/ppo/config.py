@@ -340,6 +340,13 @@ class PPOConfig:
     eval_steps: int = field(
         default=50, metadata=_help("Evaluate on the dev questions every this many PPO steps.")
     )
+    eval_on_start: bool = field(
+        default=False,
+        metadata=_help(
+            "Also evaluate the starting policy before the first update (RUN/eval/step-0.json and a step-0 "
+            "metrics line; transformers' name). Off by default as in TRL's PPO, on in the shipped configs."
+        ),
+    )
     num_eval_questions: int = field(default=64, metadata=_help("Dev questions per evaluation."))
     logging_steps: int = field(default=1, metadata=_help("Log metrics every this many PPO steps."))
     num_sample_generations: int = field(

@@ -29,8 +29,8 @@ rolls out its own slice of the global batch (rank r takes rows r, r+N, ... of th
 own sampling seed, the micro-batch token weights are made global (the mini-batch's action-token count is
 all-reduced), gradients are averaged by DDP once per mini-batch (`no_sync` on the other micro-batches),
 the whitening statistics and the KL fed to the controller are computed over all ranks, and metrics are
-averaged over ranks and logged once by the main process, which also writes checkpoints and one
-trajectory file per step holding every rank's trajectories.
+averaged over ranks and logged once by the main process (whose training clock every rank takes), which
+also writes checkpoints, eval files and one trajectory file per step holding every rank's trajectories.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from accelerate import Accelerator
-from accelerate.utils import gather_object
+from accelerate.utils import broadcast, gather_object
 from torch import nn
 from transformers import AutoModelForSequenceClassification, get_scheduler
 
@@ -500,6 +500,12 @@ class PPOTrainer:
         self.last_metrics: dict[str, float] = {}
         self.rollbacks = 0  # collapse-guard rollbacks so far (checkpointed, so a resumed run keeps count)
         self.lr_scale = 1.0  # product of the guard's learning-rate cuts, re-applied after every load
+        # The training clock (`time/train_s`, the x axis of the trainers-side-by-side plots): seconds spent
+        # in the training loop, evaluation excluded, summed over sessions. Checkpointed, so a resumed run
+        # goes on from its checkpoint's value; `eval_seconds` is the evaluation time on the same terms.
+        self.train_seconds = 0.0
+        self.eval_seconds = 0.0
+        self._clock_started: float | None = None  # perf_counter when the running clock last started
 
     # -----------------------------------------------------------------------------------------
     # several processes: DeepSpeed set-up and the cross-rank statistics (identity on one process)
@@ -933,13 +939,35 @@ class PPOTrainer:
     # -----------------------------------------------------------------------------------------
     # evaluation on held-out rows (same prompt, retriever, decoding and answer extraction as offline eval)
     # -----------------------------------------------------------------------------------------
-    @torch.no_grad()
     def evaluate(self, rows: list[dict] | None = None, seed: int = 0) -> dict[str, float]:
-        from searchrl.rewards.qa import exact_match, f1_score
+        """Dev evaluation at `eval_temperature`; writes `RUN/eval/step-N.json` with `episode` and the clocks.
 
+        Its time does not count as training time (`time/train_s`); callbacks get `on_evaluate`.
+        """
         rows = rows if rows is not None else self.eval_rows[: self.args.num_eval_questions]
         if not rows:
             return {}
+        running = self._stop_clock()  # evaluation time is not training time
+        t0 = time.perf_counter()
+        clock = self.clock()  # read when the evaluation begins, as GRPO's runs do
+        try:
+            out = self._evaluate_rows(rows, seed)
+        finally:
+            self.eval_seconds += time.perf_counter() - t0
+            if running:
+                self._start_clock()
+        if self.is_main:  # every rank evaluates the same rows with the same weights and seeds
+            atomic_write_json(
+                self.run.eval / f"step-{self.global_step}.json",
+                {"step": self.global_step, "episode": self.episode, **clock, **out},
+            )
+        self._callback("on_evaluate", metrics=out)
+        return out
+
+    @torch.no_grad()
+    def _evaluate_rows(self, rows: list[dict], seed: int) -> dict[str, float]:
+        from searchrl.rewards.qa import exact_match, f1_score
+
         trajs: list[Trajectory] = []
         bs = self.args.local_batch_size
         for i in range(0, len(rows), bs):
@@ -954,11 +982,46 @@ class PPOTrainer:
         }
         if self.rubric is not None:
             out["eval/reward"] = float(np.mean([self.rubric.score(t)[0] for t in trajs]))
-        if self.is_main:  # every rank evaluates the same rows with the same weights and seeds
-            atomic_write_json(
-                self.run.eval / f"step-{self.global_step}.json", {"step": self.global_step, **out}
-            )
         return out
+
+    def _evaluate_on_start(self) -> None:
+        """`eval_on_start`: the starting policy measured before the first update, as `eval/step-0.json` and
+        a step-0 metrics line (episode 0, training clock 0), like GRPO's runs and transformers' Trainer."""
+        clock = self.clock()
+        line = {"step": 0, "episode": self.episode, **clock, **self.evaluate()}
+        if self.is_main:
+            append_jsonl(self.run.metrics, line)
+        self._callback("on_log", logs=line)
+
+    # -----------------------------------------------------------------------------------------
+    # the training clock: `time/train_s` runs only inside the training loop and stops for evaluation
+    # -----------------------------------------------------------------------------------------
+    def clock(self) -> dict[str, float]:
+        """`time/train_s` (training seconds so far, evaluation excluded, earlier sessions included) and
+        `time/elapsed_s` (the same plus evaluation seconds)."""
+        train = self.train_seconds
+        if self._clock_started is not None:
+            train += time.perf_counter() - self._clock_started
+        return {"time/train_s": train, "time/elapsed_s": train + self.eval_seconds}
+
+    def _sync_clock(self) -> None:
+        """Every rank takes the main process's readings (the ones it writes), so logged metrics agree."""
+        if self.world_size == 1:
+            return
+        both = torch.tensor([self.train_seconds, self.eval_seconds], dtype=torch.float64, device=self.device)
+        self.train_seconds, self.eval_seconds = (float(x) for x in broadcast(both, from_process=0).tolist())
+
+    def _start_clock(self) -> None:
+        if self._clock_started is None:
+            self._clock_started = time.perf_counter()
+
+    def _stop_clock(self) -> bool:
+        """Fold the running clock into `train_seconds`; True when it was running."""
+        if self._clock_started is None:
+            return False
+        self.train_seconds += time.perf_counter() - self._clock_started
+        self._clock_started = None
+        return True
 
     # -----------------------------------------------------------------------------------------
     # checkpoints: written to a temporary folder, then renamed; `trainer_state.json` marks completion
@@ -1006,6 +1069,8 @@ class PPOTrainer:
             "last_metrics": self.last_metrics,
             "rollbacks": self.rollbacks,
             "lr_scale": self.lr_scale,
+            **self.clock(),
+            "time/eval_s": self.eval_seconds,
         }
         atomic_write_json(tmp / "trainer_state.json", state)
         if final.exists():
@@ -1027,7 +1092,9 @@ class PPOTrainer:
             if old not in protected:
                 shutil.rmtree(old, ignore_errors=True)
 
-    def load_checkpoint(self, path: str | Path) -> None:
+    def load_checkpoint(self, path: str | Path, restore_clock: bool = True) -> None:
+        """Restore everything a checkpoint holds. `restore_clock=False` (the collapse guard's rollback) keeps
+        the training clock running on: the failed steps took real time."""
         path = Path(path)
         state = json.loads((path / "trainer_state.json").read_text())
         if self.is_peft:
@@ -1053,6 +1120,11 @@ class PPOTrainer:
         self.last_metrics = state.get("last_metrics", {})
         self.rollbacks = int(state.get("rollbacks", 0))
         self.lr_scale = float(state.get("lr_scale", 1.0))
+        if restore_clock:
+            self.train_seconds = float(state.get("time/train_s", 0.0))
+            self.eval_seconds = float(state.get("time/eval_s", 0.0))
+            if self._clock_started is not None:
+                self._clock_started = time.perf_counter()
         self.last_good_checkpoint = path
 
     # -----------------------------------------------------------------------------------------
@@ -1064,8 +1136,10 @@ class PPOTrainer:
             ckpt = self.run.latest_checkpoint()
             if ckpt is not None:
                 self.load_checkpoint(ckpt)
-                if self.is_main:
-                    self._truncate_metrics_after(self.global_step)
+            if self.is_main:
+                # Lines logged after the checkpoint go. A run resumed at step 0 starts over (its step-0
+                # evaluation included), so none of its lines stay.
+                self._truncate_metrics_after(self.global_step if self.global_step > 0 else -1)
         if self.global_step == 0 and self.is_main:
             save_config(a, self.run.config)
             self.run.write_manifest(
@@ -1083,6 +1157,8 @@ class PPOTrainer:
         if self.global_step == 0 and a.collapse_guard:
             self.last_good_checkpoint = self.save_checkpoint()
         self._callback("on_train_begin")
+        if a.eval_on_start and self.global_step == 0 and self.eval_rows:
+            self._evaluate_on_start()
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
         progress = Progress(
@@ -1095,10 +1171,16 @@ class PPOTrainer:
         )
         with progress:
             task = progress.add_task("ppo", total=self.num_total_batches, completed=self.global_step, info="")
+            self._start_clock()
             while self.global_step < self.num_total_batches:
                 metrics = self.step()
+                # The clock stops at the end of the step: its reading is the step's and its eval file's.
+                self._stop_clock()
+                self._sync_clock()
+                metrics.update(self.clock())
                 if a.eval_steps and self.eval_rows and self.global_step % a.eval_steps == 0:
                     metrics.update(self.evaluate())
+                self._start_clock()
                 rollback = a.collapse_guard and self._collapse_check(metrics)
                 if not rollback and self.unverified_checkpoint is not None:
                     # This step's rollouts came from the unverified weights and passed the guard.
@@ -1123,6 +1205,7 @@ class PPOTrainer:
             or self.run.latest_checkpoint().name != f"step-{self.global_step}"
         ):
             self.save_checkpoint()
+        self._stop_clock()
         self._callback("on_train_end")
         return self.last_metrics
 
@@ -1146,7 +1229,7 @@ class PPOTrainer:
             )
         failed_step = self.global_step
         rollbacks, lr_scale = self.rollbacks + 1, self.lr_scale * self.args.collapse_lr_decay
-        self.load_checkpoint(self.last_good_checkpoint)
+        self.load_checkpoint(self.last_good_checkpoint, restore_clock=False)
         self.unverified_checkpoint = None  # its weights produced the collapse
         # The checkpoint's scheduler already carries its own lr_scale: scale by the ratio only.
         self._rescale_learning_rates(lr_scale / self.lr_scale)
