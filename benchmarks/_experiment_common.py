@@ -123,7 +123,9 @@ def ppo_args(
     """The demo's PPO stage settings for one experiment run (what the demo's `train_ppo` passes, plus `changes`).
 
     Checkpoints are written only at the end (`save_steps` past the last step): nothing reads the
-    intermediate ones, and each costs a policy, a critic and two optimizer states on disk.
+    intermediate ones, and each costs a policy, a critic and two optimizer states on disk. The demo's
+    `eval_on_start` is off unless `changes` turns it on: each experiment chooses its own evaluation
+    points (the KL sweep measures step 0 itself, on the test rows).
     """
     base = run.config.ppo
     total = int(episodes) if episodes is not None else base.total_episodes
@@ -138,7 +140,7 @@ def ppo_args(
         save_steps=10**9,
         save_trajectories=save_trajectories,
         collapse_guard=base.collapse_guard and keep_guard,
-        **changes,
+        **{"eval_on_start": False, **changes},
     )
     return args
 

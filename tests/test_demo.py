@@ -60,4 +60,4 @@ def test_smoke_demo_writes_the_run_artifacts(smoke_run: Path) -> None:
     html = (smoke_run / "report.html").read_text()
     assert "<img" in html and "http://" not in html.replace("http://127.0.0.1", "")
     metrics = [json.loads(line) for line in (smoke_run / "ppo" / "metrics.jsonl").read_text().splitlines()]
-    assert [m["step"] for m in metrics][:2] == [1, 2]
+    assert [m["step"] for m in metrics][:3] == [0, 1, 2]  # step 0: eval_on_start, the warm start

@@ -64,6 +64,7 @@ def sets(root: Path, **extra) -> list[str]:
 def test_shipped_config_loads_with_the_collapse_guard_on():
     cfg = load_config(PPOConfig, SHIPPED)
     assert cfg.collapse_guard is True
+    assert cfg.eval_on_start is True  # the warm start is the first point of the dev curve
     assert (
         cfg.reward_config_path == "configs/rewards_default.yaml" and (REPO / cfg.reward_config_path).exists()
     )
@@ -77,18 +78,21 @@ def test_train_runs_then_resumes_through_the_cli(setup):
     run = setup / "run"
     assert (setup / "index" / "meta.json").exists()  # built from the corpus on first use
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == [1, 2]
+    assert [r["step"] for r in rows] == [0, 1, 2]  # the shipped config evaluates the start (step 0)
     assert "eval/f1" in rows[-1] and "reward/f1" in rows[-1]
     assert (run / "checkpoints" / "step-2" / "trainer_state.json").exists()
-    assert sorted(p.name for p in (run / "eval").glob("*.json")) == ["step-1.json", "step-2.json"]
+    evals = sorted(p.name for p in (run / "eval").glob("*.json"))
+    assert evals == ["step-0.json", "step-1.json", "step-2.json"]
     # --resume with a larger budget continues at step 3 instead of starting over.
     again = runner.invoke(
         app, ["train", "--config", str(SHIPPED), "--resume", *sets(setup, total_episodes=12)]
     )
     assert again.exit_code == 0, again.output
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert [r["step"] for r in rows] == [0, 1, 2, 3]  # step 0 is not evaluated again
     assert rows[-1]["episode"] == 12
+    train_s = [r["time/train_s"] for r in rows]
+    assert train_s[0] == 0.0 and train_s == sorted(set(train_s))  # the clock goes on across --resume
 
 
 def test_bad_input_gets_a_clear_error(setup):

@@ -75,6 +75,7 @@ def _ppo_default() -> PPOConfig:
         max_episode_tokens=400,
         save_steps=10,
         eval_steps=5,
+        eval_on_start=True,  # the warm start is the first point of the dev curve
         num_eval_questions=32,
         collapse_guard=True,
     )
