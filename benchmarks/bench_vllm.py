@@ -98,7 +98,7 @@ def gen_config(args: argparse.Namespace, **kw: Any) -> GenerationConfig:
 
 
 def load_world(work: Path, args: argparse.Namespace) -> dict[str, Any]:
-    rows = list(read_jsonl(work / "rows.jsonl"))
+    rows = list(read_jsonl(work / "rows.jsonl"))[: args.rows]  # --rows: at most the rows setup wrote
     return {
         "backend": load_index(work / "index"),
         "tok": load_tokenizer(work / "policy"),
@@ -422,7 +422,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "--engine", choices=("vllm", "hf"), default="vllm", help="hf: HFTokenEngine (CPU smoke test)."
     )
     p.add_argument("--backend", choices=("vllm", "hf"), default="vllm", help="ppo part: the rollout backend.")
-    p.add_argument("--rows", type=int, default=64, help="Prompts per rollout batch.")
+    p.add_argument(
+        "--rows",
+        type=int,
+        default=64,
+        help="Prompts per rollout batch (setup writes this many; later parts use at most as many).",
+    )
     p.add_argument("--check-rows", type=int, default=16, help="Rows of the greedy and logprob checks.")
     p.add_argument("--repeats", type=int, default=3, help="Timed rollouts per engine (best reported).")
     p.add_argument("--hidden", type=int, default=512)
