@@ -94,3 +94,26 @@ def test_ppo_steps_sync_the_engines_weights_after_every_update(runs):
     # The engine's own copy equals the policy after the last update and its sync, every parameter.
     assert p["engine_vs_policy_params_compared"] > 10
     assert p["engine_vs_policy_max_abs_diff"] == 0.0
+
+
+def test_the_gpu_check_script_parses_and_its_pins_agree_with_the_lock_file():
+    import re
+    import subprocess
+
+    gpu = BENCH / "gpu"
+    assert subprocess.run(["bash", "-n", str(gpu / "vllm_ppo_check.sh")], check=False).returncode == 0
+    script = (gpu / "vllm_ppo_check.sh").read_text()
+    for name in ("requirements-vllm.txt", "bench_vllm.py", "test_rollout_vllm.py"):
+        assert name in script
+    # The wheels carried to the device are the versions constraints.txt locks here.
+    norm = lambda n: re.sub(r"[-_.]+", "-", n).lower()  # noqa: E731
+    lock = {}
+    for line in (BENCH.parent / "constraints.txt").read_text().splitlines():
+        if "==" in line and not line.startswith("#"):
+            name, version = line.split("==")
+            lock[norm(name)] = version.strip()
+    pins = [ln.split("==") for ln in (gpu / "device-wheels.txt").read_text().splitlines() if "==" in ln]
+    assert pins and all(lock[norm(n)] == v.strip() for n, v in pins), pins
+    # vLLM is pinned apart from the lock file (it needs torch 2.11.0; the lock has 2.13.0).
+    assert "vllm==0.24.0" in (gpu / "requirements-vllm.txt").read_text().splitlines()
+    assert "vllm" not in lock
