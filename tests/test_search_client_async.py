@@ -2,7 +2,9 @@
 
 Checks what the sync client's tests check, through `asearch`: the same hits as the index, a 4xx never
 retried, a refused connection and a silent server turned into typed errors within the deadline, and
-the concurrency limit really bounding the requests on the wire.
+the concurrency limit really bounding the requests on the wire. And the several-workers deployment
+itself: `--workers 2` runs two worker processes, both answer requests, and when one is killed the other
+keeps answering while uvicorn's supervisor starts a replacement.
 """
 
 from __future__ import annotations
@@ -148,3 +150,60 @@ def test_silent_server_times_out_within_the_deadline():
 def test_bad_concurrency_limit_is_rejected_with_a_clear_error(bad):
     with pytest.raises(ValueError, match="max_concurrency must be an int >= 1"):
         AsyncHTTPBackend("http://127.0.0.1:1", max_concurrency=bad)
+
+
+def _workers(server: ServerProcess, n: int, timeout: float = 30.0) -> list:
+    """The supervisor's live worker processes, once there are `n` of them."""
+    import psutil
+
+    supervisor = psutil.Process(server.proc.pid)
+    deadline = time.monotonic() + timeout
+    while True:
+        live = [
+            c
+            for c in supervisor.children()
+            if c.is_running()
+            and c.status() != psutil.STATUS_ZOMBIE
+            and "resource_tracker" not in " ".join(c.cmdline())
+        ]
+        if len(live) == n or time.monotonic() > deadline:
+            return live
+        time.sleep(0.1)
+
+
+def test_two_workers_share_the_load_and_the_service_outlives_one_of_them(index):
+    from searchrl.search.client import HTTPBackend
+
+    # Its own server: this test kills a worker.
+    backend, index_dir = index
+    with PoolServer(index_dir, token=TOKEN, extra=["--workers", "2"]) as s:
+        workers = _workers(s, 2)
+        assert len(workers) == 2, "searchrl serve --workers 2 should run two worker processes"
+        # Clients that each keep their connection open: the worker holding a connection's server end is
+        # the one that answered it. The kernel hands new connections to whichever worker accepts first.
+        clients, served_by = [], set()
+        try:
+            for _ in range(64):
+                client = HTTPBackend(s.url, token=TOKEN, read_timeout=10.0)
+                clients.append(client)
+                assert as_tuples(client.search(QUERIES, 2)) == as_tuples(backend.search(QUERIES, 2))
+                for w in workers:
+                    if any(c.laddr and c.laddr.port == s.port and c.raddr for c in w.net_connections("tcp")):
+                        served_by.add(w.pid)
+                if len(served_by) == 2:
+                    break
+        finally:
+            for client in clients:
+                client.close()
+        assert served_by == {w.pid for w in workers}, "every request went to one worker"
+        # A worker dies: the other keeps answering (the client retries a dropped connection), and the
+        # supervisor starts a replacement.
+        workers[0].kill()
+        client = HTTPBackend(s.url, token=TOKEN, read_timeout=10.0, max_retries=3, backoff_base=0.05)
+        try:
+            for _ in range(5):
+                assert as_tuples(client.search(QUERIES, 2)) == as_tuples(backend.search(QUERIES, 2))
+        finally:
+            client.close()
+        again = _workers(s, 2)
+        assert len(again) == 2 and workers[0].pid not in {w.pid for w in again}
