@@ -123,8 +123,9 @@ def check_vllm_available() -> None:
     if importlib.util.find_spec("vllm") is None:
         raise ConfigError(
             'rollout_backend="vllm" needs the vllm package, which is not installed in this environment. '
-            "Install a vllm build that matches your torch and CUDA (e.g. vllm 0.24.0 pins torch==2.11.0, "
-            'built for CUDA 13) on a GPU machine, or set rollout_backend: "hf".'
+            "Install a vllm build that matches your torch and CUDA on a GPU machine (benchmarks/gpu/"
+            "requirements-vllm.txt pins vllm 0.24.0: torch==2.11.0, built for CUDA 13), or set "
+            'rollout_backend: "hf".'
         )
     if not torch.cuda.is_available():
         raise ConfigError(
