@@ -241,3 +241,58 @@ def test_seed_comes_from_the_option_else_the_config_file(tmp_path):
     expected = {5: generate(preset_config("tiny", seed=5)), 6: generate(preset_config("tiny", seed=6))}
     assert list(read_jsonl(tmp_path / "from_yaml" / "corpus.jsonl")) == expected[5].corpus
     assert list(read_jsonl(tmp_path / "from_option" / "corpus.jsonl")) == expected[6].corpus
+
+
+# -- practice worlds: the same name words, other facts, no held-out entity ---------------------------------
+
+
+@pytest.fixture(scope="module")
+def practice(small_task):
+    from searchrl.data.synthetic import practice_world
+
+    return [practice_world(small_task, seed=s) for s in (101, 102, 103)]
+
+
+def test_practice_worlds_never_name_a_held_out_entity(small_task, practice):
+    from searchrl.data.synthetic import held_out_names
+
+    held = held_out_names(small_task)
+    assert len(held) > 50  # dev + test entities' names and aliases
+    for world in practice:
+        names = {g.lower() for ent in world.entities.values() for g in ent.golds}
+        assert not names & held
+        for doc in world.corpus:
+            assert doc["title"].lower() not in held, doc  # look-alike distractors included
+        for row in world.splits["train"]:
+            for name in [*row["golds"], row["subject"], row["bridge"] or ""]:
+                assert name.lower() not in held, row
+        assert world.splits["dev"] == [] and world.splits["test"] == []
+
+
+def test_practice_worlds_reuse_the_name_words_and_cover_the_held_out_ones(small_task, practice):
+    from searchrl.data.synthetic import name_words
+
+    words = set(name_words(small_task))
+    held_words = {
+        w for ent in small_task.entities.values() if ent.split != "train" for w in ent.name.split()
+    } & words
+    written = set()
+    for world in practice:
+        own = set(name_words(world))
+        assert len(own & words) >= 0.95 * len(own)  # drawn from the task's words, a few invented when short
+        # every word the answer of a practice question is made of is one the policy is trained to write
+        written |= {w for row in world.splits["train"] for g in row["golds"] for w in g.split()}
+        written |= {w for row in world.splits["train"] for w in row["subject"].split()}
+    assert len(held_words & written) >= 0.97 * len(held_words), sorted(held_words - written)[:20]
+
+
+def test_practice_worlds_have_their_own_facts_and_are_deterministic(small_task, practice):
+    from searchrl.data.synthetic import practice_world
+
+    fact_docs = {d["contents"] for d in small_task.corpus}
+    for world in practice:
+        shared = sum(d["contents"] in fact_docs for d in world.corpus)
+        assert shared <= 0.02 * len(world.corpus)  # a coincidental sentence at most, never the world again
+    again = practice_world(small_task, seed=101)
+    assert again.corpus == practice[0].corpus and again.splits == practice[0].splits
+    assert practice[0].corpus != practice[1].corpus

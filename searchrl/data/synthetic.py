@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -267,16 +268,28 @@ def _template_words() -> set[str]:
 
 
 class _NameMaker:
-    """Invented capitalised words, each used once in the whole world (so names never collide)."""
+    """Invented capitalised words, each used once in the whole world (so names never collide).
 
-    def __init__(self, rng: random.Random):
+    With a `pool`, words are drawn from it first (in a seeded random order): a practice world re-uses
+    another world's words, see `practice_world`.
+    """
+
+    def __init__(self, rng: random.Random, pool: Sequence[str] = ()):
         self.rng = rng
         self.used: set[str] = _template_words()
+        self.pool = list(pool)
+        if self.pool:
+            rng.shuffle(self.pool)
 
     def _syllable(self) -> str:
         return self.rng.choice(_ONSETS) + self.rng.choice(_VOWELS) + self.rng.choice(_CODAS)
 
     def word(self) -> str:
+        while self.pool:
+            candidate = self.pool.pop()
+            if candidate.lower() not in self.used:
+                self.used.add(candidate.lower())
+                return candidate
         for _ in range(10_000):
             candidate = "".join(self._syllable() for _ in range(self.rng.choice((2, 2, 2, 3)))).capitalize()
             if candidate.lower() not in self.used:
@@ -289,10 +302,15 @@ class _NameMaker:
 
 
 class _WorldBuilder:
-    def __init__(self, config: SynthConfig):
+    def __init__(
+        self, config: SynthConfig, name_pool: Sequence[str] = (), forbidden_names: Iterable[str] = ()
+    ):
         self.cfg = config
         self.rng = random.Random(config.seed)
-        self.names = _NameMaker(self.rng)
+        self.names = _NameMaker(self.rng, name_pool)
+        # Lower-cased names (and aliases) no entity of this world may carry: a practice world's entities
+        # never share a name with the held-out entities of the world it practises for.
+        self.forbidden = {n.lower() for n in forbidden_names}
         self.entities: dict[str, Entity] = {}
         self.by_kind: dict[str, list[str]] = {"country": [], "city": [], "org": [], "person": [], "work": []}
         self.facts: list[Fact] = []
@@ -310,6 +328,14 @@ class _WorldBuilder:
         self.facts.append(Fact(relation, subject, obj))
         self.relation[(relation, subject)] = obj
 
+    def allowed(self, make: Callable[[], tuple[str, list[str]]]) -> tuple[str, list[str]]:
+        """`make()`'s (name, aliases), drawn again while any of them is forbidden (one call when none is)."""
+        for _ in range(1000):
+            name, aliases = make()
+            if not {name.lower(), *(a.lower() for a in aliases)} & self.forbidden:
+                return name, aliases
+        raise RuntimeError("could not draw a name outside forbidden_names; the name pool is too small")
+
     def city_name(self) -> tuple[str, list[str]]:
         core = self.names.word()
         if self.rng.random() < self.cfg.city_alias_share:
@@ -319,18 +345,23 @@ class _WorldBuilder:
     def build(self) -> None:
         cfg, rng = self.cfg, self.rng
         for _ in range(cfg.num_countries):
-            self._add("country", self.names.word())
+            self._add("country", *self.allowed(lambda: (self.names.word(), [])))
         for _ in range(cfg.num_cities):
-            name, aliases = self.city_name()
-            self._add("city", name, aliases)
+            self._add("city", *self.allowed(self.city_name))
         for _ in range(cfg.num_orgs):
-            core = self.names.word()
-            self._add("org", f"{core} {rng.choice(_ORG_SUFFIXES)}", [core])
+
+            def org() -> tuple[str, list[str]]:
+                core = self.names.word()
+                return f"{core} {rng.choice(_ORG_SUFFIXES)}", [core]
+
+            self._add("org", *self.allowed(org))
         first_names = [self.names.word() for _ in range(cfg.first_name_pool)]
         for _ in range(cfg.num_people):
-            self._add("person", f"{rng.choice(first_names)} {self.names.word()}")
+            self._add("person", *self.allowed(lambda: (f"{rng.choice(first_names)} {self.names.word()}", [])))
         for _ in range(cfg.num_works):
-            self._add("work", f"The {self.names.word()} {rng.choice(_WORK_NOUNS)}")
+            self._add(
+                "work", *self.allowed(lambda: (f"The {self.names.word()} {rng.choice(_WORK_NOUNS)}", []))
+            )
 
         countries, cities = self.by_kind["country"], self.by_kind["city"]
         # The first cities go round-robin so every country has at least one city to be its capital.
@@ -392,7 +423,8 @@ def _distractor(builder: _WorldBuilder, fact: Fact) -> dict[str, str]:
         text = rng.choice(_MENTION_TEMPLATES).format(s=subject.name, work=work.name)
         return {"title": subject.name, "contents": text}
     # A look-alike entity with the same relation to a random object of the right kind.
-    lookalike = Entity(key="", kind=subject.kind, name=_lookalike_name(builder, subject))
+    name, _ = builder.allowed(lambda: (_lookalike_name(builder, subject), []))
+    lookalike = Entity(key="", kind=subject.kind, name=name)
     obj_kind = builder.entities[fact.obj].kind
     obj = builder.entities[rng.choice(builder.by_kind[obj_kind])]
     return {"title": lookalike.name, "contents": _fact_sentence(rng, fact.relation, lookalike, obj)}
@@ -532,10 +564,16 @@ def expert_queries(row: dict[str, Any]) -> list[str]:
     return [f"{entity} {RELATION_WORDS[rel]}" for entity, rel in zip(entities, chain, strict=True)]
 
 
-def generate(config: SynthConfig | None = None) -> SynthTask:
-    """Build the world, its corpus and the question splits, all from `config.seed`."""
+def generate(
+    config: SynthConfig | None = None, *, name_pool: Sequence[str] = (), forbidden_names: Iterable[str] = ()
+) -> SynthTask:
+    """Build the world, its corpus and the question splits, all from `config.seed`.
+
+    `name_pool` (words names are drawn from first) and `forbidden_names` (names no entity may carry) are
+    for `practice_world`; without them the world is exactly what the seed gives.
+    """
     config = config or SynthConfig()
-    builder = _WorldBuilder(config)
+    builder = _WorldBuilder(config, name_pool, forbidden_names)
     builder.build()
     builder.assign_splits()
     corpus = _build_corpus(builder)
@@ -553,3 +591,45 @@ def generate(config: SynthConfig | None = None) -> SynthTask:
         for split, n in wanted.items()
     }
     return SynthTask(config=config, corpus=corpus, splits=splits, entities=builder.entities)
+
+
+# -- practice worlds ----------------------------------------------------------------------------------
+
+
+def name_words(task: SynthTask) -> list[str]:
+    """The invented words `task`'s entity names are made of (sorted; "Port", "Guild", "The" ... left out)."""
+    fixed = _template_words()
+    words = {w for ent in task.entities.values() for w in ent.name.split() if w.lower() not in fixed}
+    return sorted(words)
+
+
+def held_out_names(task: SynthTask, splits: Iterable[str] = ("dev", "test")) -> set[str]:
+    """Lower-cased names and aliases of `task`'s entities assigned to `splits`."""
+    wanted = set(splits)
+    return {g.lower() for ent in task.entities.values() if ent.split in wanted for g in ent.golds}
+
+
+def practice_world(task: SynthTask, seed: int, train_questions: int | None = None) -> SynthTask:
+    """Another world built from `task`'s name words but with its own facts, for demonstrations only.
+
+    Why: the tiny model is trained from scratch, so a token it has never had to write is a token it will
+    never write (measured: a copy task on names whose tokens were never a training target scores 0 on
+    them, however well it copies the others). A real pretrained model has written every name piece
+    before. Practice worlds give the tiny one the same: the same words recombined into other entities
+    with other, random facts, so each word of a held-out name is written somewhere in training while
+    none of the held-out facts is stated anywhere but in `task`'s own corpus.
+
+    Guarantees (tested): no practice entity is named, or aliased, like a dev or test entity of `task`;
+    so no practice question's subject, bridge or gold is a held-out name. Every question goes to the
+    practice world's train split (it has no dev or test split). Deterministic in (`task`, `seed`).
+    """
+    config = dataclasses.replace(
+        task.config,
+        seed=seed,
+        dev_entity_share=0.0,
+        test_entity_share=0.0,
+        dev_questions=0,
+        test_questions=0,
+        train_questions=task.config.train_questions if train_questions is None else train_questions,
+    )
+    return generate(config, name_pool=name_words(task), forbidden_names=held_out_names(task))
