@@ -169,6 +169,11 @@ def test_noise_share_and_determinism(world):
     assert all(k == "expert" for k in (e.kind for e in ExpertPolicy(ExpertConfig(noise=0.0)).plan(rows)))
     only = ExpertPolicy(ExpertConfig(noise=1.0, noise_kinds=["no_citation"])).plan(rows)
     assert {e.kind for e in only} == {"no_citation"}
+    # a row's kind does not depend on the batch it is demonstrated in (the demo goes 64 rows at a time)
+    half = len(rows) // 2
+    chunked = [e.kind for part in (rows[:half], rows[half:]) for e in expert.plan(part)]
+    assert chunked == plan
+    assert [e.kind for e in expert.plan(rows[half:])] != [e.kind for e in expert.plan(rows[:half])][: len(rows) - half]
 
 
 @pytest.mark.parametrize(

@@ -259,9 +259,11 @@ class ExpertPolicy:
                     f"row {i} ({row.get('id', '?')}): the expert needs synthetic rows with {missing}; "
                     "generate them with `searchrl data synth` (searchrl.data.synthetic)"
                 )
-        rng = random.Random(self.config.seed)
         episodes = []
         for i, row in enumerate(rows):
+            # One generator per row, keyed by the row itself: a row gets the same plan whichever batch it
+            # is demonstrated in (one seed per call would repeat the same draws in every 64-row chunk).
+            rng = random.Random(f"{self.config.seed}/{row.get('id', i)}/{row['question']}")
             kinds = self.applicable_kinds(row)
             imperfect = rng.random() < self.config.noise and bool(kinds)
             kind = rng.choice(kinds) if imperfect else EXPERT
