@@ -290,12 +290,12 @@ class GRPORunConfig:
         return Path(self.output_dir)
 
     def env_config(self) -> EnvConfig:
-        """The environment of the run, by PPO's own mapping (`PPOConfig.env_config`) plus `system_prompt`.
+        """The environment of the run, by PPO's own mapping (`PPOConfig.env_config`).
 
         The fields PPO's mapping reads carry PPO's names here, so both trainers build their environment
         with one piece of code and cannot drift apart.
         """
-        return dataclasses.replace(PPOConfig.env_config(self), system_prompt=self.system_prompt)  # type: ignore[arg-type]
+        return PPOConfig.env_config(self)  # type: ignore[arg-type]
 
     def to_trl_args(self, cuda_available: bool = False) -> Any:
         """TRL 1.16's `GRPOConfig` for this run (CPU-safe; our callbacks own checkpoints and evaluation)."""
@@ -352,6 +352,7 @@ SHARED_WITH_PPO = (
     "search_timeout_s",
     "protocol",
     "tool_schema_in_prompt",
+    "system_prompt",
     "max_turns",
     "max_tool_calls",
     "max_new_tokens_per_turn",

@@ -173,6 +173,13 @@ class PPOConfig:
             "tiny models (one example call in the system prompt instead)."
         ),
     )
+    system_prompt: str | None = field(
+        default=None,
+        metadata=_help(
+            "System prompt of every episode (training, evaluation, demonstrations); null: the environment's "
+            "default for the protocol."
+        ),
+    )
 
     # --- rollout limits and sampling -------------------------------------------------------------
     max_turns: int = field(default=4, metadata=_help("Most assistant turns per episode."))
@@ -473,6 +480,7 @@ class PPOConfig:
             topk=self.topk,
             tool_timeout_s=self.search_timeout_s,
             tool_schema_in_prompt=self.tool_schema_in_prompt,
+            system_prompt=self.system_prompt,
         )
 
     def finalize(self, world_size: int = 1, num_train_rows: int | None = None) -> PPOConfig:
