@@ -143,3 +143,35 @@ def test_inconsistent_trajectory_is_refused():
 def test_bad_sft_config_is_refused(kwargs, needle):
     with pytest.raises(ConfigError, match=needle):
         SFTWarmStartConfig(**kwargs)
+
+
+def test_first_turn_example_is_the_prompt_and_the_first_action_turn(setup):
+    from searchrl.sft.warm_start import first_turn_example
+
+    for traj in setup["demos"][:8]:
+        full, first = sft_example(traj), first_turn_example(traj)
+        n = len(first["input_ids"])
+        assert first["input_ids"] == full["input_ids"][:n] and first["labels"] == full["labels"][:n]
+        first_action = next(s for s in traj.spans if s.kind == "action")
+        assert n == first_action.end  # cut right after the first action turn (its EOS included)
+        trained = [i for i, label in enumerate(first["labels"]) if label != IGNORE_INDEX]
+        assert trained == list(range(first_action.start, first_action.end))
+        assert len(traj.action_texts) == 1 or n < len(full["input_ids"])
+
+
+def test_the_curriculum_trains_first_turns_then_whole_demonstrations(setup):
+    policy = build_policy(setup["tok"], MODEL)
+    before = {n: p.detach().clone() for n, p in policy.named_parameters()}
+    config = SFTWarmStartConfig(
+        max_steps=3,
+        per_device_train_batch_size=2,
+        first_turn_steps=4,
+        first_turn_batch_size=4,
+        lr_scheduler_type="warmup_stable_decay",
+        decay_ratio=0.5,
+        logging_steps=1,
+    )
+    outcome = run_sft(policy, setup["tok"], setup["demos"][:8], config)
+    assert len(outcome.losses) == 4 + 3  # one logged loss per step of each phase
+    tuned = dict(outcome.policy.named_parameters())
+    assert all(not torch.equal(b, tuned[n].detach()) for n, b in before.items())
