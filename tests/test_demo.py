@@ -41,11 +41,17 @@ def test_smoke_demo_writes_every_summary_key(smoke_run: Path) -> None:
         "expert",
         "sft",
         "eval sft",
+        "closed book",
         "ppo",
         "eval ppo",
         "report",
     ]
     assert summary["num_demonstrations"] > 0 and summary["test_questions"] > 0
+    # demonstrations of the world's train questions plus the practice world's
+    demos = summary["num_demonstrations"]
+    assert summary["practice_worlds"] == 1 and demos > 48
+    closed = summary["sft"]["closed_book_test"]
+    assert closed["searches_per_question"] >= 0 and 0.0 <= closed["exact_match"] <= 1.0
     assert summary["manifest"]["versions"]["trl"] and summary["manifest"]["index_fingerprint"]
     assert summary["improvement_exact_match"] == pytest.approx(
         summary["ppo"]["test"]["exact_match"] - summary["sft"]["test"]["exact_match"]
@@ -55,7 +61,8 @@ def test_smoke_demo_writes_every_summary_key(smoke_run: Path) -> None:
 def test_smoke_demo_writes_the_run_artifacts(smoke_run: Path) -> None:
     for rel in ("report.html", "eval/sft-test.json", "eval/ppo-test.json", "sft/expert.jsonl.gz",
                 "sft/policy/config.json", "ppo/metrics.jsonl", "ppo/manifest.json", "ppo/config.yaml",
-                "data/test.jsonl", "index/meta.json"):  # fmt: skip
+                "data/test.jsonl", "index/meta.json", "eval/sft-test-closed-book.json",
+                "practice/world-0/corpus.jsonl", "practice/world-0/index/meta.json"):  # fmt: skip
         assert (smoke_run / rel).exists(), rel
     html = (smoke_run / "report.html").read_text()
     assert "<img" in html and "http://" not in html.replace("http://127.0.0.1", "")

@@ -67,7 +67,9 @@ def test_grpo_derives_environment_limits_and_budget_from_the_ppo_stage(ppo: PPOC
         ppo.num_eval_questions,
     )
     # A change on the PPO side reaches GRPO's environment: one mapping, not two copies of it.
-    changed = dataclasses.replace(ppo, topk=ppo.topk + 1, max_observation_tokens=77)
+    changed = dataclasses.replace(
+        ppo, topk=ppo.topk + 1, max_observation_tokens=77, system_prompt="Search first."
+    )
     assert grpo_config_from_ppo(changed).env_config() == changed.env_config()
 
 

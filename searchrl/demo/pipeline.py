@@ -7,12 +7,28 @@ from reward hacking." Stages, each with a progress line and its wall-clock time:
   1. data      synthesise the world, its corpus and the train / dev / test questions
   2. index     build the BM25 index over the corpus
   3. models    train the tokenizer on the task text; build the tiny policy from a Qwen2 config
-  4. expert    expert demonstrations through the real environment (with a noise knob)
-  5. sft       warm-start the policy with TRL's SFTTrainer on those demonstrations
-  6. eval sft  greedy evaluation on the hidden test split (never used to choose anything)
+  4. expert    expert demonstrations through the real environment (with a noise knob), on the world's
+               train questions and on practice worlds (its name words, other facts; see below)
+  5. sft       warm-start the policy with TRL's SFTTrainer on those demonstrations (first-turn curriculum)
+  6. eval sft  greedy evaluation on the hidden test split (never used to choose anything), plus the same
+               questions closed-book (a search engine that finds nothing): the leak check
   7. ppo       PPO from the SFT policy (critic initialised from the SFT backbone)
   8. eval ppo  the same evaluation on the same test split
   9. report    report.html, summary.json
+
+Why practice worlds: the policy is a transformer trained from scratch, and such a model never writes a
+token it was never trained to write (measured: 0% on names whose tokens were never a target, while it
+copies the others perfectly). The demo world's test answers are, by construction, names that no train
+question mentions. A pretrained model has written every name piece before; practice worlds give the tiny
+one the same: the demo world's name words recombined into other entities with other, random facts
+(`searchrl.data.synthetic.practice_world`; no practice entity carries a dev or test entity's name). Facts
+of the held-out split exist only in the demo world's corpus, which the policy reads only through search;
+the closed-book evaluation measures what it knows without it (expected: about 0).
+
+Why the expert is lazy: the SFT warm start must leave room for RL to show. The demonstrator stops after
+the first hop on most two-hop questions and answers the bridge entity (`ExpertConfig.noise`, kind
+``one_hop``), so the warm start copies that habit (greedy decoding follows the majority); the complete
+two-hop demonstrations keep the second search within the policy's reach, and PPO's reward finds it.
 
 Everything is generated or built here; nothing is downloaded.
 """
@@ -29,10 +45,10 @@ from typing import Any
 
 import torch
 
-from searchrl.common.config import save_config
+from searchrl.common.config import ConfigError, save_config
 from searchrl.common.io import atomic_write_json, write_jsonl
 from searchrl.common.run import build_manifest
-from searchrl.data.synthetic import SIZE_PRESETS, generate, preset_config
+from searchrl.data.synthetic import SIZE_PRESETS, generate, practice_world, preset_config
 from searchrl.env.environment import SearchEnvironment
 from searchrl.evaluation import HEADLINE_METRICS
 from searchrl.models.tiny import TinyModelConfig, build_policy, tokenizer_training_texts, train_tokenizer
@@ -42,6 +58,10 @@ from searchrl.rollout.trajectory import write_trajectories
 from searchrl.search.index import build_index
 from searchrl.sft.expert import ExpertConfig, ExpertPolicy
 from searchrl.sft.warm_start import SFTWarmStartConfig, prompt_texts, run_sft
+
+# A short instruction: the tiny model learns the protocol from demonstrations, not from prose; every token
+# of the prompt costs time in every episode.
+DEMO_SYSTEM_PROMPT = "Answer the question; search with tool calls."
 
 
 def _model_default() -> TinyModelConfig:
@@ -63,14 +83,15 @@ def _ppo_default() -> PPOConfig:
         gradient_accumulation_steps=2,
         num_mini_batches=2,
         num_ppo_epochs=2,
-        total_episodes=640,
+        total_episodes=1280,
         temperature=1.0,
         kl_coef=0.02,
         max_turns=4,
         max_tool_calls=3,
-        topk=2,
+        topk=1,  # one document per search: the tiny model reads only what its query found (Search-R1: 3)
         max_observation_tokens=96,
         tool_schema_in_prompt=False,  # compact prompts for the tiny model
+        system_prompt=DEMO_SYSTEM_PROMPT,
         max_new_tokens_per_turn=40,
         max_episode_tokens=400,
         save_steps=10,
@@ -95,23 +116,44 @@ class DemoConfig:
     )
     test_questions: int = field(default=100, metadata={"help": "Hidden test questions evaluated."})
     vocab_size: int = field(
-        default=2048, metadata={"help": "BPE vocabulary of the tokenizer trained on the task."}
+        default=4096,
+        metadata={
+            "help": "BPE vocabulary of the tokenizer trained on the task (4096: every word one token)."
+        },
+    )
+    practice_worlds: int = field(
+        default=15,
+        metadata={
+            "help": "Practice worlds demonstrated for SFT (the world's name words, other facts, no dev/test "
+            "entity); 0 = demonstrate the world's own train questions only."
+        },
+    )
+    practice_questions: int = field(
+        default=500, metadata={"help": "Train questions demonstrated per practice world."}
     )
     num_threads: int = field(default=2, metadata={"help": "torch CPU threads."})
     model: TinyModelConfig = field(default_factory=_model_default, metadata={"help": "Tiny policy shape."})
     expert: ExpertConfig = field(
-        default_factory=lambda: ExpertConfig(
-            noise=0.5, k=2, noise_kinds=["no_search", "one_hop", "wrong_entity"]
-        ),
+        default_factory=lambda: ExpertConfig(noise=0.65, k=1, noise_kinds=["one_hop"]),
         metadata={
-            "help": "Expert demonstrations; `noise` is the share of imperfect ones (room left for RL)."
+            "help": "Expert demonstrations; `noise` is the share of imperfect ones (room left for RL). k must "
+            "equal the PPO stage's topk."
         },
     )
     sft: SFTWarmStartConfig = field(
         default_factory=lambda: SFTWarmStartConfig(
-            learning_rate=2e-3, num_train_epochs=6, per_device_train_batch_size=16, logging_steps=10
+            learning_rate=3e-3,
+            max_steps=900,
+            per_device_train_batch_size=32,
+            warmup_ratio=0.02,
+            lr_scheduler_type="warmup_stable_decay",
+            decay_ratio=0.3,
+            first_turn_steps=300,
+            first_turn_batch_size=64,
+            bf16=True,
+            logging_steps=25,
         ),
-        metadata={"help": "SFT warm start optimisation."},
+        metadata={"help": "SFT warm start optimisation (first-turn curriculum, then whole demonstrations)."},
     )
     ppo: PPOConfig = field(
         default_factory=_ppo_default, metadata={"help": "PPO stage (output_dir is set by the demo)."}
@@ -122,7 +164,14 @@ class DemoConfig:
 def smoke_config(out_dir: str = "runs/demo-smoke", seed: int = 0) -> DemoConfig:
     """The same stages at toy size (CI and tests): a few dozen questions, a very small model."""
     cfg = DemoConfig(
-        out_dir=out_dir, seed=seed, size="tiny", train_questions=48, test_questions=16, vocab_size=700
+        out_dir=out_dir,
+        seed=seed,
+        size="tiny",
+        train_questions=48,
+        test_questions=16,
+        vocab_size=700,
+        practice_worlds=1,
+        practice_questions=24,
     )
     cfg.model = TinyModelConfig(
         hidden_size=48,
@@ -132,7 +181,12 @@ def smoke_config(out_dir: str = "runs/demo-smoke", seed: int = 0) -> DemoConfig:
         intermediate_size=96,
     )
     cfg.sft = SFTWarmStartConfig(
-        learning_rate=3e-3, num_train_epochs=2, per_device_train_batch_size=8, logging_steps=2
+        learning_rate=3e-3,
+        num_train_epochs=2,
+        per_device_train_batch_size=8,
+        logging_steps=2,
+        first_turn_steps=2,
+        first_turn_batch_size=8,
     )
     cfg.ppo = dataclasses.replace(
         _ppo_default(),
@@ -192,6 +246,15 @@ def _eval_split(policy, tok, rows, env_factory, cfg: DemoConfig, rubric) -> tupl
     return result.summary, result.trajectories
 
 
+class FindsNothing:
+    """A search engine that returns no document: the closed-book evaluation (what the policy knows alone)."""
+
+    fingerprint = "finds-nothing"
+
+    def search(self, queries: list[str], k: int) -> list[list[Any]]:
+        return [[] for _ in queries]
+
+
 def _headline(summary: dict) -> dict[str, float]:
     keys = HEADLINE_METRICS
     out = {k: summary[k] for k in keys if k in summary}
@@ -205,6 +268,11 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
     from searchrl.ppo.trainer import PPOTrainer
     from searchrl.rewards.combine import default_rubric
 
+    if cfg.expert.k != cfg.ppo.topk:
+        raise ConfigError(
+            f"expert.k={cfg.expert.k} but ppo.topk={cfg.ppo.topk}: the demonstrations would show a different "
+            "number of documents per search than training and evaluation; set them equal"
+        )
     t_start = time.perf_counter()
     torch.set_num_threads(cfg.num_threads)
     torch.manual_seed(cfg.seed)
@@ -249,13 +317,29 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
 
     tok, policy = clock.run("models", make_models)
 
-    # 4. expert demonstrations ---------------------------------------------------------------------
+    # 4. expert demonstrations: the world's train questions, then each practice world's ----------------
     def make_demos():
-        demos = []
         expert = ExpertPolicy(cfg.expert)
-        for i in range(0, len(train_rows), 64):
-            rows = train_rows[i : i + 64]
-            demos.extend(expert.demonstrate(None, tok, [env_factory() for _ in rows], rows))
+
+        def demonstrate(rows: list[dict], make_env: Callable[[], SearchEnvironment]) -> list:
+            demos = []
+            for i in range(0, len(rows), 64):
+                chunk = rows[i : i + 64]
+                demos.extend(expert.demonstrate(None, tok, [make_env() for _ in chunk], chunk))
+            return demos
+
+        demos = demonstrate(train_rows, env_factory)
+        for w in range(cfg.practice_worlds):
+            world = practice_world(task, seed=cfg.seed + 1000 + w, train_questions=cfg.practice_questions)
+            world_dir = out / "practice" / f"world-{w}"
+            write_jsonl(world_dir / "corpus.jsonl", world.corpus)
+            world_backend = build_index(world_dir / "corpus.jsonl", world_dir / "index", overwrite=True)
+            demos.extend(
+                demonstrate(
+                    world.splits["train"],
+                    lambda b=world_backend: SearchEnvironment(b, env_config, tokenizer=tok),
+                )
+            )
         write_trajectories(out / "sft" / "expert.jsonl.gz", demos)
         return demos
 
@@ -275,6 +359,14 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
     )
     atomic_write_json(out / "eval" / "sft-test.json", sft_summary)
     write_trajectories(out / "eval" / "sft-test.jsonl.gz", sft_trajs)
+
+    def closed_book_env() -> SearchEnvironment:
+        return SearchEnvironment(FindsNothing(), env_config, tokenizer=tok)
+
+    closed_summary, _ = clock.run(
+        "closed book", lambda: _eval_split(sft.policy, tok, test_rows, closed_book_env, cfg, rubric)
+    )
+    atomic_write_json(out / "eval" / "sft-test-closed-book.json", closed_summary)
 
     # 7. PPO from the warm start -----------------------------------------------------------------------
     ppo_args = dataclasses.replace(
@@ -307,12 +399,17 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
 
     # 9. summary and report ---------------------------------------------------------------------------
     summary: dict[str, Any] = {
-        "sft": {"test": _headline(sft_summary), "final_loss": sft.losses[-1] if sft.losses else None},
+        "sft": {
+            "test": _headline(sft_summary),
+            "closed_book_test": _headline(closed_summary),
+            "final_loss": sft.losses[-1] if sft.losses else None,
+        },
         "ppo": {"test": _headline(ppo_summary), "steps": trainer.global_step, "episodes": trainer.episode},
         "stages_seconds": clock.timings,
         "wall_seconds": round(time.perf_counter() - t_start, 1),
         "peak_rss_mb": round(peak_rss_mb(), 1),
         "num_demonstrations": len(demos),
+        "practice_worlds": cfg.practice_worlds,
         "test_questions": len(test_rows),
         "manifest": build_manifest(
             seeds={"seed": cfg.seed}, tokenizer=tok, index_fingerprint=backend.fingerprint
