@@ -15,10 +15,9 @@ evaluates on the dev split at step 0, every `eval_steps` steps and at its last s
 `searchrl.evaluation.evaluate.evaluate_policy` (bootstrap 95% intervals), as the demo evaluates PPO.
 
 The x axes are `episode` and `time/train_s` (wall-clock minus evaluation time): a trainer is not charged
-for being evaluated. PPO's eval files get `episode`, `time/train_s` and a step-0 point from this script
-where `PPOTrainer` does not write them itself (`setdefault`: its own values win once it does). The
-trainers run one after another, never in parallel, so that they share the machine on equal terms; the
-collapse guard is off for PPO (GRPO has none), as in the KL-sweep experiment.
+for being evaluated. Both trainers write these fields into their eval files themselves. The trainers
+run one after another, never in parallel, so that they share the machine on equal terms; the collapse
+guard is off for PPO (GRPO has none), as in the KL-sweep experiment.
 
 Writes `--json OUT` (per trainer: the dev curve, the final dev and test EM, wall-clock, episodes,
 seconds per step), `--plot PNG` (default OUT with .png: dev EM against training seconds and against
@@ -31,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import platform
 import shutil
@@ -73,54 +71,12 @@ TEST_FILE = "test-final.json"
 
 
 # ---------------------------------------------------------------------------------------------------
-# PPO: the demo's stage, with the clocks the comparison reads
+# PPO: the demo's stage; PPOTrainer writes episode, time/train_s and the step-0 point itself
 # ---------------------------------------------------------------------------------------------------
-class PPOEvalClock:
-    """Times `PPOTrainer.evaluate` and fills `episode` / `time/*` into its eval files where they are missing.
-
-    `time/train_s` is the same quantity as GRPO's: seconds since training began minus seconds spent in
-    evaluation. Installed on the trainer before `train()`; `setdefault` keeps what PPO writes itself.
-    """
-
-    def __init__(self) -> None:
-        self.started = time.perf_counter()
-        self.eval_s = 0.0
-
-    def install(self, trainer: Any) -> None:
-        evaluate = trainer.evaluate
-
-        def timed(*args: Any, **kwargs: Any) -> dict[str, float]:
-            t0 = time.perf_counter()
-            # The point's clocks are read when its evaluation begins (GRPO's RunDirCallback does the same).
-            elapsed, train_s = t0 - self.started, t0 - self.started - self.eval_s
-            out = evaluate(*args, **kwargs)
-            self.eval_s += time.perf_counter() - t0
-            path = trainer.run.eval / f"step-{trainer.global_step}.json"
-            if path.exists():
-                data = json.loads(path.read_text(encoding="utf-8"))
-                data.setdefault("episode", trainer.episode)
-                data.setdefault("time/elapsed_s", elapsed)
-                data.setdefault("time/train_s", train_s)
-                atomic_write_json(path, data)
-            return out
-
-        trainer.evaluate = timed
-        self.started = time.perf_counter()
-
-
 def train_ppo(run: DemoRun, args: PPOConfig, backend: Any) -> Any:
     """The demo's PPO stage from the warm start; dev evaluation at step 0, every eval_steps and at the end."""
-    clock = PPOEvalClock()
-    native_step0 = "eval_on_start" in {f.name for f in dataclasses.fields(PPOConfig)}
-    if native_step0:
-        args = dataclasses.replace(args, eval_on_start=True)
-
-    def before_train(trainer: Any) -> None:
-        clock.install(trainer)
-        if not native_step0:
-            trainer.evaluate()  # step 0: the warm start itself
-
-    trainer = train_from_warm_start(run, args, backend, run.dev_rows, before_train=before_train)
+    args = dataclasses.replace(args, eval_on_start=True)
+    trainer = train_from_warm_start(run, args, backend, run.dev_rows)
     if not (trainer.run.eval / f"step-{trainer.global_step}.json").exists():
         trainer.evaluate()  # the last step, so every trainer ends on a measured point
     return trainer

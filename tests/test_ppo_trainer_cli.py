@@ -116,3 +116,18 @@ def test_http_search_backend_sends_the_token_from_the_environment(monkeypatch) -
     assert open_backend(cfg)._client.headers["Authorization"] == "Bearer s3cret"
     monkeypatch.delenv("SEARCHRL_SERVE_TOKEN")
     assert "Authorization" not in open_backend(cfg)._client.headers
+
+
+def test_shipped_ppo_config_matches_the_demo_ppo_stage():
+    """configs/ppo_tiny.yaml says it runs the demo's PPO stage by hand: the same environment and budgets."""
+    from searchrl.demo.pipeline import DemoConfig
+
+    shipped = load_config(PPOConfig, SHIPPED)
+    demo = DemoConfig().ppo
+    assert shipped.env_config() == demo.env_config()
+    for name in (
+        "total_episodes", "per_device_train_batch_size", "gradient_accumulation_steps", "num_mini_batches",
+        "num_ppo_epochs", "learning_rate", "value_learning_rate", "kl_coef", "temperature", "eval_steps",
+        "num_eval_questions", "max_new_tokens_per_turn", "max_episode_tokens",
+    ):  # fmt: skip
+        assert getattr(shipped, name) == getattr(demo, name), name

@@ -8,6 +8,8 @@ keeps our labels exactly and that bad input is refused.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -138,6 +140,8 @@ def test_inconsistent_trajectory_is_refused():
         ({"max_steps": -1, "num_train_epochs": 0}, "num_train_epochs"),
         ({"max_length": 2}, "max_length"),
         ({"warmup_ratio": 1.5}, "warmup_ratio"),
+        ({"answer_turn_steps": -1}, "answer_turn_steps"),
+        ({"answer_turn_batch_size": 0}, "answer_turn_batch_size"),
     ],
 )
 def test_bad_sft_config_is_refused(kwargs, needle):
@@ -159,6 +163,26 @@ def test_first_turn_example_is_the_prompt_and_the_first_action_turn(setup):
         assert len(traj.action_texts) == 1 or n < len(full["input_ids"])
 
 
+def test_answer_turn_example_keeps_the_context_and_labels_only_the_last_action_turn(setup):
+    from searchrl.sft.warm_start import answer_turn_example
+
+    searched = [t for t in setup["demos"] if len(t.action_texts) > 1][:8]
+    assert searched, "the fixture's expert searches before it answers"
+    for traj in searched:
+        full, answer = sft_example(traj), answer_turn_example(traj)
+        last_action = [s for s in traj.spans if s.kind == "action"][-1]
+        n = len(answer["input_ids"])
+        assert n == last_action.end and answer["input_ids"] == full["input_ids"][:n]
+        trained = [i for i, label in enumerate(answer["labels"]) if label != IGNORE_INDEX]
+        assert trained == list(range(last_action.start, last_action.end))
+        assert [answer["labels"][i] for i in trained] == full["input_ids"][
+            last_action.start : last_action.end
+        ]
+        assert "<answer>" in setup["tok"].decode(full["input_ids"][last_action.start : last_action.end])
+    with pytest.raises(ValueError, match="exclude each other"):
+        sft_dataset(searched, first_turn_only=True, answer_turn_only=True)
+
+
 def test_the_curriculum_trains_first_turns_then_whole_demonstrations(setup):
     policy = build_policy(setup["tok"], MODEL)
     before = {n: p.detach().clone() for n, p in policy.named_parameters()}
@@ -173,5 +197,37 @@ def test_the_curriculum_trains_first_turns_then_whole_demonstrations(setup):
     )
     outcome = run_sft(policy, setup["tok"], setup["demos"][:8], config)
     assert len(outcome.losses) == 4 + 3  # one logged loss per step of each phase
+    with_answers = run_sft(
+        build_policy(setup["tok"], MODEL),
+        setup["tok"],
+        setup["demos"][:8],
+        dataclasses.replace(config, answer_turn_steps=2, answer_turn_batch_size=2),
+    )
+    assert len(with_answers.losses) == 4 + 2 + 3
     tuned = dict(outcome.policy.named_parameters())
     assert all(not torch.equal(b, tuned[n].detach()) for n, b in before.items())
+
+
+def test_the_plain_loss_gives_trl_s_loss_and_gradients(setup, tmp_path):
+    """`trl_loss=False` swaps TRL's chunked loss kernel for transformers' own; the optimisation must not change."""
+    policy = build_policy(setup["tok"], MODEL)
+    dataset = sft_dataset(setup["demos"][:8])
+
+    def loss_and_grad(trl_loss: bool) -> tuple[float, torch.Tensor, str]:
+        config = SFTWarmStartConfig(max_steps=1, per_device_train_batch_size=8, trl_loss=trl_loss)
+        trainer = make_sft_trainer(policy, setup["tok"], dataset, config, str(tmp_path / str(trl_loss)))
+        batch = next(iter(trainer.get_train_dataloader()))
+        policy.zero_grad()
+        policy.train()
+        items = int((batch["labels"][:, 1:] != IGNORE_INDEX).sum())
+        loss = trainer.compute_loss(policy, dict(batch), num_items_in_batch=items)
+        loss.backward()
+        grad = torch.cat([p.grad.flatten() for p in policy.parameters() if p.grad is not None])
+        return loss.item(), grad, type(trainer).__name__
+
+    trl_value, trl_grad, trl_name = loss_and_grad(True)
+    plain_value, plain_grad, plain_name = loss_and_grad(False)
+    assert (trl_name, plain_name) == ("SFTTrainer", "PlainLossSFTTrainer")
+    assert plain_value == pytest.approx(trl_value, rel=1e-5)
+    assert torch.nn.functional.cosine_similarity(plain_grad, trl_grad, dim=0) > 0.9999
+    assert torch.allclose(plain_grad, trl_grad, rtol=1e-3, atol=1e-6)

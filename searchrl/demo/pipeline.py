@@ -9,7 +9,8 @@ from reward hacking." Stages, each with a progress line and its wall-clock time:
   3. models    train the tokenizer on the task text; build the tiny policy from a Qwen2 config
   4. expert    expert demonstrations through the real environment (with a noise knob), on the world's
                train questions and on practice worlds (its name words, other facts; see below)
-  5. sft       warm-start the policy with TRL's SFTTrainer on those demonstrations (first-turn curriculum)
+  5. sft       warm-start the policy with TRL's SFTTrainer on those demonstrations (curriculum: first
+               turns, then whole demonstrations)
   6. eval sft  greedy evaluation on the hidden test split (never used to choose anything), plus the same
                questions closed-book (a search engine that finds nothing): the leak check
   7. ppo       PPO from the SFT policy (critic initialised from the SFT backbone)
@@ -83,7 +84,7 @@ def _ppo_default() -> PPOConfig:
         gradient_accumulation_steps=2,
         num_mini_batches=2,
         num_ppo_epochs=2,
-        total_episodes=1280,
+        total_episodes=640,
         temperature=1.0,
         kl_coef=0.02,
         max_turns=4,
@@ -143,7 +144,7 @@ class DemoConfig:
     sft: SFTWarmStartConfig = field(
         default_factory=lambda: SFTWarmStartConfig(
             learning_rate=3e-3,
-            max_steps=900,
+            max_steps=500,  # after the first-turn phase: 800 optimizer steps in all
             per_device_train_batch_size=32,
             warmup_ratio=0.02,
             lr_scheduler_type="warmup_stable_decay",
