@@ -15,17 +15,34 @@ REQUIRED = ("exact_match", "f1", "citation_support", "searches_per_question", "t
 @pytest.fixture(scope="module")
 def smoke_run(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("demo") / "run"
-    cmd = [sys.executable, "-m", "searchrl.cli", "demo", "--smoke", "--quiet", "--out", str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "searchrl.cli",
+        "demo",
+        "--smoke",
+        "--quiet",
+        "--compare-grpo",
+        "--out",
+        str(out),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     headline = json.loads(proc.stdout[: proc.stdout.rindex("}") + 1])
-    assert set(headline) == {"sft.test.exact_match", "ppo.test.exact_match", "wall_seconds", "peak_rss_mb"}
+    assert set(headline) == {
+        "sft.test.exact_match",
+        "ppo.test.exact_match",
+        "grpo_trl_loop.test.exact_match",
+        "grpo_our_rollout.test.exact_match",
+        "wall_seconds",
+        "peak_rss_mb",
+    }
     return out
 
 
 def test_smoke_demo_writes_every_summary_key(smoke_run: Path) -> None:
     summary = json.loads((smoke_run / "summary.json").read_text())
-    for stage in ("sft", "ppo"):
+    for stage in ("sft", "ppo", "grpo_trl_loop", "grpo_our_rollout"):
         test = summary[stage]["test"]
         for key in REQUIRED:
             assert 0.0 <= test[key] <= (1.0 if key != "searches_per_question" else 10.0), (stage, key)
@@ -44,6 +61,10 @@ def test_smoke_demo_writes_every_summary_key(smoke_run: Path) -> None:
         "closed book",
         "ppo",
         "eval ppo",
+        "grpo trl_loop",
+        "eval grpo trl_loop",
+        "grpo our_rollout",
+        "eval grpo our_rollout",
         "report",
     ]
     assert summary["num_demonstrations"] > 0 and summary["test_questions"] > 0
@@ -66,5 +87,13 @@ def test_smoke_demo_writes_the_run_artifacts(smoke_run: Path) -> None:
         assert (smoke_run / rel).exists(), rel
     html = (smoke_run / "report.html").read_text()
     assert "<img" in html and "http://" not in html.replace("http://127.0.0.1", "")
+    # --compare-grpo: the three trainers from one warm start, side by side, each with a test evaluation
+    assert "<h2>Trainers side by side</h2>" in html
+    for label in ("PPO", "GRPO (TRL loop)", "GRPO (our rollout)"):
+        assert label in html
+    for mode in ("trl_loop", "our_rollout"):
+        final = json.loads((smoke_run / f"grpo_{mode}" / "eval" / "test-final.json").read_text())
+        assert final["n"] == json.loads((smoke_run / "summary.json").read_text())["test_questions"]
+        assert (smoke_run / f"grpo_{mode}" / "eval" / "step-0.json").exists()  # the shared warm start
     metrics = [json.loads(line) for line in (smoke_run / "ppo" / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics][:3] == [0, 1, 2]  # step 0: eval_on_start, the warm start

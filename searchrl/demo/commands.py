@@ -17,6 +17,12 @@ def register(app: typer.Typer) -> None:
         ),
         seed: int | None = typer.Option(None, "--seed", help="Seed of every stage."),
         quiet: bool = typer.Option(False, "--quiet", help="No progress lines."),
+        compare_grpo: bool = typer.Option(
+            False,
+            "--compare-grpo",
+            help="Also train GRPO (TRL's loop and our rollout) from the same warm start on PPO's budget and "
+            "draw the three side by side in report.html.",
+        ),
     ) -> None:
         """Run the offline demo: synthesise the task, index it, build and warm-start the tiny model, PPO, evaluate."""
         import json
@@ -37,6 +43,8 @@ def register(app: typer.Typer) -> None:
             overrides["seed"] = seed
         if quiet:
             overrides["progress_bar"] = False
+        if compare_grpo:
+            overrides["compare_grpo"] = True
         if overrides:
             import dataclasses
 
@@ -45,6 +53,11 @@ def register(app: typer.Typer) -> None:
         headline = {
             "sft.test.exact_match": summary["sft"]["test"]["exact_match"],
             "ppo.test.exact_match": summary["ppo"]["test"]["exact_match"],
+            **{
+                f"{key}.test.exact_match": summary[key]["test"]["exact_match"]
+                for key in ("grpo_trl_loop", "grpo_our_rollout")
+                if key in summary
+            },
             "wall_seconds": summary["wall_seconds"],
             "peak_rss_mb": summary["peak_rss_mb"],
         }
