@@ -166,30 +166,36 @@ def sft_example(traj: Trajectory, max_length: int | None = None) -> dict[str, li
     return {"input_ids": ids, "labels": labels}
 
 
+def _action_turns(action_mask: Sequence[int]) -> list[tuple[int, int]]:
+    """(start, end) of each run of action tokens, in order: the policy's turns."""
+    turns: list[tuple[int, int]] = []
+    for i, m in enumerate(action_mask):
+        if m and (i == 0 or not action_mask[i - 1]):
+            turns.append((i, i + 1))
+        elif m:
+            turns[-1] = (turns[-1][0], i + 1)
+    return turns
+
+
 def first_turn_example(traj: Trajectory) -> dict[str, list[int]]:
     """The trajectory cut after its first action turn: prompt + first action, labels on that turn only."""
     example = sft_example(traj)
-    first = next((i for i, m in enumerate(traj.action_mask) if m), None)
-    if first is None:
+    turns = _action_turns(traj.action_mask)
+    if not turns:
         return example
-    end = next(
-        (i for i in range(first, len(traj.action_mask)) if not traj.action_mask[i]), len(traj.action_mask)
-    )
+    end = turns[0][1]
     return {"input_ids": example["input_ids"][:end], "labels": example["labels"][:end]}
 
 
 def answer_turn_example(traj: Trajectory, max_length: int | None = None) -> dict[str, list[int]]:
     """The trajectory up to the end of its last action turn, labels on that turn only (the answer)."""
     example = sft_example(traj, max_length)
-    mask = traj.action_mask[: len(example["input_ids"])]
-    last = max((i for i, m in enumerate(mask) if m), default=None)
-    if last is None:
+    turns = _action_turns(traj.action_mask[: len(example["input_ids"])])
+    if not turns:
         return example
-    start = last
-    while start > 0 and mask[start - 1]:
-        start -= 1
-    labels = [IGNORE_INDEX] * start + example["labels"][start : last + 1]
-    return {"input_ids": example["input_ids"][: last + 1], "labels": labels}
+    start, end = turns[-1]
+    labels = [IGNORE_INDEX] * start + example["labels"][start:end]
+    return {"input_ids": example["input_ids"][:end], "labels": labels}
 
 
 def sft_dataset(
@@ -319,6 +325,16 @@ def make_sft_trainer(
     return trainer
 
 
+def _curriculum_phase(config: SFTWarmStartConfig, steps: int, batch_size: int) -> SFTWarmStartConfig:
+    return dataclasses.replace(
+        config,
+        max_steps=steps,
+        per_device_train_batch_size=batch_size,
+        gradient_accumulation_steps=1,
+        lr_scheduler_type="constant_with_warmup",
+    )
+
+
 def run_sft(
     policy: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
@@ -328,30 +344,17 @@ def run_sft(
     """Fine-tune `policy` in place on `trajectories` with TRL's SFTTrainer; see the module docstring."""
     config = config or SFTWarmStartConfig()
     dataset = sft_dataset(trajectories, config.max_length)
-    phases = [(config, dataset)]
-    if config.first_turn_steps > 0:
-        # The curriculum's first phase: short examples, a big batch, a constant learning rate after warm-up.
-        first = dataclasses.replace(
-            config,
-            max_steps=config.first_turn_steps,
-            per_device_train_batch_size=config.first_turn_batch_size,
-            gradient_accumulation_steps=1,
-            lr_scheduler_type="constant_with_warmup",
-        )
-        phases.insert(0, (first, sft_dataset(trajectories, first_turn_only=True)))
+    # The curriculum's phases come first: each a few steps at a constant learning rate after warm-up.
+    phases = []
+    if config.first_turn_steps > 0:  # short examples, a big batch: copying the question's name into a query
+        first = _curriculum_phase(config, config.first_turn_steps, config.first_turn_batch_size)
+        phases.append((first, sft_dataset(trajectories, first_turn_only=True)))
     if config.answer_turn_steps > 0:
-        # The second: whole contexts but labels on the answer turn only, where the first answer word must be
-        # found by what precedes it in an observation ("... employee of" -> "Venir"), not by induction.
-        answer = dataclasses.replace(
-            config,
-            max_steps=config.answer_turn_steps,
-            per_device_train_batch_size=config.answer_turn_batch_size,
-            gradient_accumulation_steps=1,
-            lr_scheduler_type="constant_with_warmup",
-        )
-        phases.insert(
-            len(phases) - 1, (answer, sft_dataset(trajectories, config.max_length, answer_turn_only=True))
-        )
+        # Whole contexts but labels on the answer turn only, where the first answer word must be found by
+        # what precedes it in an observation ("... employee of" -> "Venir"), not by induction.
+        answer = _curriculum_phase(config, config.answer_turn_steps, config.answer_turn_batch_size)
+        phases.append((answer, sft_dataset(trajectories, config.max_length, answer_turn_only=True)))
+    phases.append((config, dataset))
     threads = torch.get_num_threads()
     if config.num_threads > 0:
         torch.set_num_threads(config.num_threads)
