@@ -8,7 +8,8 @@ BM25 index and SFT warm start `RUN/sft/policy`), this trains three policies one 
 - `grpo_our_rollout`: the same GRPOTrainer with our batched engine as `rollout_func`;
 
 each from the same SFT weights, with the same environment, rollout limits, sampling, episodes per
-optimizer step, learning rate and episode budget (`--episodes N`): GRPO's settings are derived from the
+optimizer step, learning rate and episode budget (`--episodes N`; `--grpo-episodes M` gives the GRPO
+trainers a budget of their own, for a comparison at equal wall-clock rather than equal episodes): GRPO's settings are derived from the
 demo's `PPOConfig` (`searchrl.grpo.warm_start.train_grpo_from_warm_start`). During training each one
 evaluates on the dev split at step 0, every `eval_steps` steps and at its last step (greedy, our engine,
 `RUN/eval/step-N.json`); at the end each final policy is evaluated once on the hidden test split with
@@ -87,17 +88,10 @@ def train_ppo(run: DemoRun, args: PPOConfig, backend: Any) -> Any:
 # ---------------------------------------------------------------------------------------------------
 def test_split(policy: Any, tok: Any, run: DemoRun, args: PPOConfig, env_factory: Any, rubric: Any) -> dict:
     """The demo's test evaluation (greedy, PPO's rollout limits, bootstrap CIs) of a final policy."""
-    from searchrl.evaluation.evaluate import evaluate_policy
+    from searchrl.evaluation.evaluate import evaluate_with_ppo_limits
 
-    result = evaluate_policy(
-        policy,
-        tok,
-        run.test_rows,
-        env_factory,
-        generation_config_from_ppo(args),
-        rubric=rubric,
-        batch_size=32,
-        seed=run.config.seed,
+    result = evaluate_with_ppo_limits(
+        policy, tok, run.test_rows, env_factory, args, rubric=rubric, seed=run.config.seed
     )
     return result.summary
 
@@ -105,7 +99,7 @@ def test_split(policy: Any, tok: Any, run: DemoRun, args: PPOConfig, env_factory
 def run_trainer(name: str, run: DemoRun, args: PPOConfig, backend: Any, out_dir: Path) -> dict[str, Any]:
     """Train `name` into `out_dir` (fresh), evaluate its final policy on test; the trainer's JSON entry."""
     from searchrl.env.environment import SearchEnvironment
-    from searchrl.grpo.warm_start import train_grpo_from_warm_start
+    from searchrl.grpo.warm_start import final_policy_dir, train_grpo_from_warm_start
     from searchrl.models.tiny import load_policy, load_tokenizer
     from searchrl.rewards.combine import default_rubric
 
@@ -136,9 +130,7 @@ def run_trainer(name: str, run: DemoRun, args: PPOConfig, backend: Any, out_dir:
             out_dir=out_dir,
             ppo_config=args,
         )
-        from searchrl.common.run import RunDir
-
-        policy = load_policy(RunDir(run_dir).latest_checkpoint() / "policy")
+        policy = load_policy(final_policy_dir(run_dir))
     wall = time.perf_counter() - t0
     summary = test_split(policy, tok, run, args, env_factory, rubric)
     atomic_write_json(out_dir / "eval" / TEST_FILE, {"split": "test", "trainer": name, **summary})
@@ -175,7 +167,13 @@ def entry(name: str, curve: TrainerCurve, test: dict[str, Any], wall: float) -> 
 # ---------------------------------------------------------------------------------------------------
 # the figure
 # ---------------------------------------------------------------------------------------------------
-def plot(results: dict[str, dict[str, Any]], path: Path, episodes: int) -> None:
+def budget_title(episodes: int, grpo_episodes: int) -> str:
+    if episodes == grpo_episodes:
+        return f"{episodes} episodes each"
+    return f"PPO {episodes} episodes, GRPO {grpo_episodes} episodes"
+
+
+def plot(results: dict[str, dict[str, Any]], path: Path, budget: str) -> None:
     plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for r in results.values():
@@ -192,7 +190,7 @@ def plot(results: dict[str, dict[str, Any]], path: Path, episodes: int) -> None:
         ax.set_ylim(-0.02, 1.02)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    fig.suptitle(f"PPO against GRPO from one SFT warm start, {episodes} episodes each")
+    fig.suptitle(f"PPO against GRPO from one SFT warm start, {budget}")
     try:
         save_figure(fig, path)
     finally:
@@ -218,6 +216,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default=None,
         help="Episode budget of every trainer (default: the demo PPO stage's total_episodes).",
     )
+    p.add_argument(
+        "--grpo-episodes",
+        type=int,
+        default=None,
+        help="Episode budget of the GRPO trainers only (default: --episodes). For an equal wall-clock "
+        "comparison give GRPO the episodes that fit PPO's training seconds (README: PPO against GRPO).",
+    )
     p.add_argument("--plot", default=None, help="The figure (PNG; default: the JSON path with .png).")
     p.add_argument(
         "--trainers",
@@ -234,8 +239,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--seed", type=int, default=None, help="Seed of every trainer (default: the demo's).")
     args = p.parse_args(argv)
-    if args.episodes is not None and args.episodes < 1:
-        p.error(f"--episodes {args.episodes}: must be >= 1")
+    for flag, value in (("--episodes", args.episodes), ("--grpo-episodes", args.grpo_episodes)):
+        if value is not None and value < 1:
+            p.error(f"{flag} {value}: must be >= 1")
     return args
 
 
@@ -247,11 +253,14 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     seed = run.config.seed if a.seed is None else a.seed
     args = ppo_args(run, work / "ppo", seed=seed, episodes=a.episodes)
     episodes = int(args.total_episodes)
+    grpo_episodes = episodes if a.grpo_episodes is None else a.grpo_episodes
+    budgets = {name: episodes if TRAINERS[name][1] is None else grpo_episodes for name in a.trainers}
     backend = load_backend(run)
     results: dict[str, dict[str, Any]] = {}
     for name in a.trainers:
-        print(f"[compare] {name}: {episodes} episodes -> {work / name}", flush=True)
-        results[name] = run_trainer(name, run, args, backend, work / name)
+        print(f"[compare] {name}: {budgets[name]} episodes -> {work / name}", flush=True)
+        trainer_args = dataclasses.replace(args, total_episodes=budgets[name])
+        results[name] = run_trainer(name, run, trainer_args, backend, work / name)
         f = results[name]["final"]
         print(
             f"[compare] {name}: test EM {f['test_exact_match']:.3f}, dev EM {f['dev_exact_match']:.3f}, "
@@ -259,7 +268,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             flush=True,
         )
     plot_path = Path(a.plot) if a.plot else Path(a.json).with_suffix(".png")
-    plot(results, plot_path, episodes)
+    plot(results, plot_path, budget_title(episodes, grpo_episodes))
     compare = {results[n]["label"]: Path(results[n]["run_dir"]) for n in results}
     report = write_report(
         Path(results[a.trainers[0]]["run_dir"]),
@@ -271,6 +280,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     payload = {
         "run": str(run.run_dir),
         "episodes": episodes,
+        "grpo_episodes": grpo_episodes,
         "seed": seed,
         "trainers_order": list(results),
         "trainers": results,

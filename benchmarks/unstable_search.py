@@ -272,9 +272,8 @@ def run_one(spec: dict[str, Any]) -> dict[str, Any]:
     """Train one (mode, seed) from the warm start over the noisy backend, then measure it on the test split."""
     from searchrl.env.environment import SearchEnvironment
     from searchrl.evaluation import HEADLINE_METRICS
-    from searchrl.evaluation.evaluate import evaluate_policy
+    from searchrl.evaluation.evaluate import evaluate_with_ppo_limits
     from searchrl.rewards.combine import default_rubric
-    from searchrl.rollout.generator import GenerationConfig
 
     run = load_demo_run(spec["run"], spec["overrides"])
     args = ppo_args(
@@ -307,20 +306,13 @@ def run_one(spec: dict[str, Any]) -> dict[str, Any]:
     # The final measurement: greedy, the demo's test questions, the clean index (as the demo measures).
     env_config = run.config.ppo.env_config()
     tok = trainer.tokenizer
-    gen = GenerationConfig(
-        temperature=0.0,
-        max_new_tokens_per_turn=args.max_new_tokens_per_turn,
-        max_episode_tokens=args.max_episode_tokens,
-        seed=run.config.seed,
-    )
-    result = evaluate_policy(
+    result = evaluate_with_ppo_limits(
         trainer.policy,
         tok,
         run.test_rows[: spec["test_questions"]],
         lambda: SearchEnvironment(base, env_config, tokenizer=tok),
-        gen,
+        args,
         rubric=default_rubric(),
-        batch_size=32,
         seed=run.config.seed,
     )
     return {

@@ -86,9 +86,39 @@ def test_compare_trainers_end_to_end_on_a_smoke_demo(demo_run: Path, tmp_path: P
     assert "test EM [95% CI]" in page  # the test split's result is in the report's trainer table
 
 
+def test_grpo_episodes_gives_grpo_its_own_budget_for_an_equal_time_comparison(
+    demo_run: Path, tmp_path: Path
+) -> None:
+    script = _load_script()
+    work = tmp_path / "work"
+    payload = script.main(
+        [
+            "--run",
+            str(demo_run),
+            "--json",
+            str(tmp_path / "cmp.json"),
+            "--trainers",
+            "ppo",
+            "grpo_our_rollout",
+            "--episodes",
+            "8",
+            "--grpo-episodes",
+            "16",
+            "--work-dir",
+            str(work),
+        ]
+    )
+    assert payload["episodes"] == 8 and payload["grpo_episodes"] == 16
+    assert payload["trainers"]["ppo"]["curve"]["episode"] == [0, 8]
+    assert payload["trainers"]["grpo_our_rollout"]["curve"]["episode"] == [0, 8, 16]
+    assert load_config(GRPORunConfig, work / "grpo_our_rollout" / "config.yaml").total_episodes == 16
+
+
 def test_compare_trainers_refuses_bad_input(tmp_path: Path) -> None:
     script = _load_script()
     with pytest.raises(FileNotFoundError, match="searchrl demo"):
         script.main(["--run", str(tmp_path / "nope"), "--json", str(tmp_path / "x.json")])
     with pytest.raises(SystemExit):
         script.main(["--run", str(tmp_path), "--json", str(tmp_path / "x.json"), "--episodes", "0"])
+    with pytest.raises(SystemExit):
+        script.main(["--run", str(tmp_path), "--json", str(tmp_path / "x.json"), "--grpo-episodes", "-1"])

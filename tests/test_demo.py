@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -97,3 +98,37 @@ def test_smoke_demo_writes_the_run_artifacts(smoke_run: Path) -> None:
         assert (smoke_run / f"grpo_{mode}" / "eval" / "step-0.json").exists()  # the shared warm start
     metrics = [json.loads(line) for line in (smoke_run / "ppo" / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics][:3] == [0, 1, 2]  # step 0: eval_on_start, the warm start
+
+
+def test_demo_refuses_mismatched_expert_and_search_depth_before_writing_anything(tmp_path: Path) -> None:
+    from searchrl.common.config import ConfigError
+    from searchrl.demo.pipeline import run_demo, smoke_config
+
+    out = tmp_path / "run"
+    cfg = smoke_config(out_dir=str(out))
+    cfg.expert = dataclasses.replace(cfg.expert, k=cfg.ppo.topk + 2)
+    with pytest.raises(ConfigError, match="set them equal"):
+        run_demo(cfg)
+    assert not out.exists()
+
+
+def test_a_partial_section_in_a_demo_yaml_keeps_the_demo_s_other_settings(tmp_path: Path) -> None:
+    """`sft: {trl_loss: false}` changes that one field; the rest stays the demo's, not the class defaults."""
+    from searchrl.common.config import ConfigError, load_config
+    from searchrl.demo.pipeline import DemoConfig
+
+    path = tmp_path / "demo.yaml"
+    path.write_text("sft:\n  trl_loss: false\nppo:\n  kl_coef: 0.1\nexpert:\n  noise: 0.3\n")
+    cfg = load_config(DemoConfig, path)
+    demo = DemoConfig()
+    assert cfg.sft.trl_loss is False and cfg.ppo.kl_coef == 0.1 and cfg.expert.noise == 0.3
+    assert cfg.sft == dataclasses.replace(demo.sft, trl_loss=False)
+    assert cfg.ppo == dataclasses.replace(demo.ppo, kl_coef=0.1)
+    assert cfg.expert == dataclasses.replace(demo.expert, noise=0.3)
+    assert cfg.model == demo.model
+    # Dotted overrides complete the section the same way; a typo inside it is still named.
+    assert load_config(DemoConfig, None, {"sft.max_steps": 7}).sft == dataclasses.replace(
+        demo.sft, max_steps=7
+    )
+    with pytest.raises(ConfigError, match="did you mean 'trl_loss'"):
+        load_config(DemoConfig, None, {"sft.trl_los": False})

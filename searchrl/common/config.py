@@ -66,6 +66,8 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
             raise ConfigError(f"{where}: {value!r} is not one of {list(args)}")
         return value
     if dataclasses.is_dataclass(tp):
+        if isinstance(value, tp):  # a parent's default for a section the file did not name
+            return value
         if not isinstance(value, dict):
             raise ConfigError(f"{where}: expected a mapping of {tp.__name__} fields, got {value!r}")
         return _from_dict(tp, value, where)
@@ -116,11 +118,42 @@ def _from_dict(cls: type[T], data: dict, where: str) -> T:
             + (f"; {hint}" if hint else "")
             + f"; known fields: {sorted(names)}"
         )
+    data = {k: _with_section_defaults(cls, k, v) for k, v in data.items()}
     kwargs = {k: _coerce(v, hints[k], f"{where}.{k}" if where else k) for k, v in data.items()}
     try:
         return cls(**kwargs)
     except (TypeError, ValueError) as e:
         raise ConfigError(f"{where or cls.__name__}: {e}") from e
+
+
+def _with_section_defaults(cls: type, name: str, value: Any) -> Any:
+    """A nested section given as a mapping, completed from the parent's default for that section.
+
+    Why: `DemoConfig.sft` defaults to the demo's SFT settings (a `default_factory`), not to
+    `SFTWarmStartConfig()`'s. A file that says only `sft: {trl_loss: false}` means "the demo's SFT
+    settings with TRL's loss off"; building the section from the mapping alone would silently reset every
+    other SFT field to the class defaults. Deeper sections are completed the same way.
+    """
+    if not isinstance(value, dict):
+        return value
+    f = next((f for f in dataclasses.fields(cls) if f.name == name), None)
+    if f is None or f.default_factory is dataclasses.MISSING:
+        return value
+    default = f.default_factory()
+    if not dataclasses.is_dataclass(default):
+        return value
+    return _merge_into(default, value)
+
+
+def _merge_into(default: Any, value: dict) -> dict:
+    """`default`'s init fields as a mapping, overridden by `value` (recursively for nested sections)."""
+    merged = {x.name: getattr(default, x.name) for x in dataclasses.fields(default) if x.init}
+    for key, sub in value.items():
+        current = merged.get(key)
+        merged[key] = (
+            _merge_into(current, sub) if isinstance(sub, dict) and dataclasses.is_dataclass(current) else sub
+        )
+    return merged
 
 
 def config_from_dict(cls: type[T], data: dict, source: str = "") -> T:

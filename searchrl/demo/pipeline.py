@@ -62,7 +62,6 @@ from searchrl.models.tiny import (
     train_tokenizer,
 )
 from searchrl.ppo.config import PPOConfig
-from searchrl.rollout.generator import GenerationConfig
 from searchrl.rollout.trajectory import write_trajectories
 from searchrl.search.index import build_index
 from searchrl.sft.expert import ExpertConfig, ExpertPolicy
@@ -251,15 +250,9 @@ def peak_rss_mb() -> float:
 
 
 def _eval_split(policy, tok, rows, env_factory, cfg: DemoConfig, rubric) -> tuple[dict, list]:
-    from searchrl.evaluation.evaluate import evaluate_policy
+    from searchrl.evaluation.evaluate import evaluate_with_ppo_limits
 
-    gen = GenerationConfig(
-        temperature=0.0,
-        max_new_tokens_per_turn=cfg.ppo.max_new_tokens_per_turn,
-        max_episode_tokens=cfg.ppo.max_episode_tokens,
-        seed=cfg.seed,
-    )
-    result = evaluate_policy(policy, tok, rows, env_factory, gen, rubric=rubric, batch_size=32, seed=cfg.seed)
+    result = evaluate_with_ppo_limits(policy, tok, rows, env_factory, cfg.ppo, rubric=rubric, seed=cfg.seed)
     return result.summary, result.trajectories
 
 
@@ -468,8 +461,7 @@ GRPO_LABELS = {"trl_loop": "GRPO (TRL loop)", "our_rollout": "GRPO (our rollout)
 
 def _train_grpo(mode, sft_dir, tok, train_rows, dev_rows, env_factory, rubric, out, ppo_args) -> Path:
     """GRPO from the SFT directory with every setting it shares with PPO taken from the PPO stage."""
-    from searchrl.common.run import RunDir
-    from searchrl.grpo.warm_start import train_grpo_from_warm_start
+    from searchrl.grpo.warm_start import final_policy_dir, train_grpo_from_warm_start
 
     # transformers prints its end-of-training metrics dict on stdout; the demo's stdout is its JSON headline.
     with contextlib.redirect_stdout(sys.stderr):
@@ -485,7 +477,7 @@ def _train_grpo(mode, sft_dir, tok, train_rows, dev_rows, env_factory, rubric, o
             out_dir=out / f"grpo_{mode}",
             ppo_config=ppo_args,
         )
-    return RunDir(run_dir).latest_checkpoint() / "policy"
+    return final_policy_dir(run_dir)
 
 
 def _write_report(out: Path, summary: dict, compare: dict[str, Path] | None = None) -> None:

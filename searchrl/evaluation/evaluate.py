@@ -414,6 +414,26 @@ def generation_config_from_ppo(config: Any) -> GenerationConfig:
     )
 
 
+def evaluate_with_ppo_limits(
+    policy: Any,
+    tokenizer: Any,
+    rows: Sequence[dict[str, Any]],
+    env_factory: Callable[[], Any],
+    ppo_config: Any,
+    rubric: Any = None,
+    seed: int = 0,
+) -> EvalResult:
+    """The demo's held-out measurement: greedy, with the PPO stage's rollout limits, 32 questions a batch.
+
+    One function so that the demo, the trainer comparison and the experiments measure a final policy the
+    same way (their figures sit side by side in the README).
+    """
+    config = dataclasses.replace(generation_config_from_ppo(ppo_config), seed=seed)
+    return evaluate_policy(
+        policy, tokenizer, rows, env_factory, config, rubric=rubric, batch_size=32, seed=seed
+    )
+
+
 def run_env_config(run_dir: str | Path | None, config: Any) -> Any:
     """`RUN/env.yaml` (an `EnvConfig`) when the run recorded one, else what its `PPOConfig` implies."""
     from searchrl.common.config import load_config

@@ -108,3 +108,10 @@ def train_grpo_from_warm_start(
     )
     trainer.train()
     return cfg.run_dir
+
+
+def final_policy_dir(run_dir: str | Path) -> Path:
+    """The policy of a GRPO run's latest checkpoint (what `train_grpo_from_warm_start` trained last)."""
+    from searchrl.common.run import RunDir
+
+    return RunDir(run_dir).latest_checkpoint() / "policy"

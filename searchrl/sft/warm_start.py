@@ -281,21 +281,35 @@ def _sft_config(config: SFTWarmStartConfig, output_dir: str, num_examples: int =
 
 
 def _plain_loss_trainer_class() -> type:
-    from transformers import Trainer
     from trl import SFTTrainer
 
     class PlainLossSFTTrainer(SFTTrainer):
-        """TRL's SFTTrainer with transformers' own causal-LM loss.
+        """TRL's SFTTrainer with a plain causal-LM loss whose LM head runs in float32.
 
         `trl_loss=False` selects it. TRL 1.16 scores every position through a chunked, tiled log-prob kernel
-        and its token statistics (measured on the demo: about 40% of a CPU step for the tiny model). The loss
-        is the same cross-entropy over the labelled positions (summed over the batch's labelled tokens,
-        divided by their number); only TRL's extra per-token statistics (entropy, token accuracy) are not
-        logged.
+        and its token statistics (measured on the demo: about 40% of a CPU step for the tiny model). This
+        loss is the same cross-entropy over the labelled positions (summed over the batch's labelled
+        tokens, divided by their number), projected through the LM head only at those positions, in
+        float32 even under bf16 autocast (as TRL's kernel accumulates in float32): the logits of look-alike
+        name tokens differ by less than bfloat16 resolves, and copying a name is telling exactly those
+        apart. TRL's extra per-token statistics (entropy, token accuracy) are not logged.
         """
 
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-            return Trainer.compute_loss(self, model, inputs, return_outputs, num_items_in_batch)
+            labels = inputs["labels"][:, 1:]
+            hidden = model.base_model(
+                input_ids=inputs["input_ids"], attention_mask=inputs.get("attention_mask"), use_cache=False
+            ).last_hidden_state[:, :-1]
+            scored = labels != IGNORE_INDEX
+            head = model.get_output_embeddings()
+            with torch.autocast(device_type=hidden.device.type, enabled=False):
+                logits = hidden[scored].float() @ head.weight.float().T
+                if head.bias is not None:
+                    logits = logits + head.bias.float()
+                total = torch.nn.functional.cross_entropy(logits, labels[scored], reduction="sum")
+            count = num_items_in_batch if num_items_in_batch is not None else scored.sum()
+            loss = total / count
+            return (loss, {"loss": loss}) if return_outputs else loss
 
     return PlainLossSFTTrainer
 
