@@ -113,8 +113,10 @@ class SFTWarmStartConfig:
     trl_loss: bool = field(
         default=True,
         metadata={
-            "help": "TRL's own loss (a chunked log-prob kernel plus token statistics). False: transformers' plain "
-            "causal-LM loss, the same gradients (cosine 1.0000 measured) and about 35% faster per CPU step."
+            "help": "TRL's own loss (a chunked log-prob kernel plus token statistics). False: a plain causal-LM "
+            "loss (LM head in float32 at the labelled positions): the same loss and gradients on a batch "
+            "(tested) and about 40% faster per CPU step, but every full demo run with it so far ended with a "
+            "worse warm start (README: runs of the warm start)."
         },
     )
     bf16: bool = field(
@@ -290,9 +292,10 @@ def _plain_loss_trainer_class() -> type:
         and its token statistics (measured on the demo: about 40% of a CPU step for the tiny model). This
         loss is the same cross-entropy over the labelled positions (summed over the batch's labelled
         tokens, divided by their number), projected through the LM head only at those positions, in
-        float32 even under bf16 autocast (as TRL's kernel accumulates in float32): the logits of look-alike
-        name tokens differ by less than bfloat16 resolves, and copying a name is telling exactly those
-        apart. TRL's extra per-token statistics (entropy, token accuracy) are not logged.
+        float32 even under bf16 autocast, as TRL's kernel accumulates in float32 (transformers' own loss
+        under autocast rounds the logits to bfloat16 first). TRL's per-token statistics (entropy, token
+        accuracy) are not logged. Open question: on one batch it matches TRL's loss and gradients, yet the
+        demo's full SFT runs with it end worse (README: runs of the warm start).
         """
 
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
