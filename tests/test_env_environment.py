@@ -401,6 +401,31 @@ def test_token_accounting_matches_the_chat_template(tokenizer) -> None:
     assert abs(env.tokens_used - exact) <= 2, (env.tokens_used, exact)
 
 
+def test_template_glue_is_measured_once_per_tokenizer_and_again_when_its_template_changes(
+    tokenizer, monkeypatch
+) -> None:
+    calls = []
+    measure = SearchEnvironment._measure_glue
+
+    def counting(self):
+        calls.append(self.tokenizer)
+        return measure(self)
+
+    monkeypatch.setattr(SearchEnvironment, "_measure_glue", counting)
+    first = SearchEnvironment(FakeBackend(), EnvConfig(), tokenizer=tokenizer)
+    second = SearchEnvironment(FakeBackend(), EnvConfig(), tokenizer=tokenizer)
+    glue = (first._glue_per_message, first._glue_per_turn)
+    assert glue == (second._glue_per_message, second._glue_per_turn) and glue[0] > 0
+    assert calls.count(tokenizer) <= 1  # the module may have measured this tokenizer in an earlier test
+    before = len(calls)
+    monkeypatch.setattr(
+        tokenizer, "chat_template", tokenizer.chat_template.replace("<tool_response>", "<tr>")
+    )
+    changed = SearchEnvironment(FakeBackend(), EnvConfig(), tokenizer=tokenizer)
+    assert len(calls) == before + 1  # a new template is measured, not read from the cache
+    assert (changed._glue_per_message, changed._glue_per_turn) != glue
+
+
 # -- rl_methods.md §8 invariants 19, 20, 25 --------------------------------------------------------------
 
 

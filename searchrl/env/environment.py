@@ -32,7 +32,9 @@ Token counts use the tokenizer when one is given, else white-space words.
 
 from __future__ import annotations
 
+import contextlib
 import re
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -241,6 +243,11 @@ class _Plan:
     result: StepResult | None = None  # set when the turn ends the episode before any search
 
 
+# (id(tokenizer), chat template, class) -> (weak reference to the tokenizer, (per message, per turn)). The
+# reference is checked on a hit, so an id reused by a new object after the old one died is measured anew.
+_GLUE_CACHE: dict[tuple[Any, ...], tuple[Any, tuple[int, int]]] = {}
+
+
 class SearchEnvironment:
     """One episode at a time of question answering with a search tool (see the module docstring)."""
 
@@ -390,6 +397,19 @@ class SearchEnvironment:
         Qwen2.5's strings are the fallback when the tokenizer has no usable template."""
         if self.config.protocol != "chat" or self.tokenizer is None:
             return 0, 0
+        # The same tokenizer and template always give the same counts; measuring them was a fifth of the
+        # cost of building an environment, and trainers build one per episode.
+        key = (id(self.tokenizer), getattr(self.tokenizer, "chat_template", None), self.tokenizer.__class__)
+        cached = _GLUE_CACHE.get(key)
+        if cached is not None and cached[0]() is self.tokenizer:
+            return cached[1]
+        glue = self._measure_glue()
+        # A tokenizer that takes no weak reference is measured each time.
+        with contextlib.suppress(TypeError):
+            _GLUE_CACHE[key] = (weakref.ref(self.tokenizer), glue)
+        return glue
+
+    def _measure_glue(self) -> tuple[int, int]:
         try:
             base = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
             tool = {"role": "tool", "content": ""}
