@@ -9,11 +9,12 @@ BM25 index and SFT warm start `RUN/sft/policy`), this trains three policies one 
 
 each from the same SFT weights, with the same environment, rollout limits, sampling, episodes per
 optimizer step, learning rate and episode budget (`--episodes N`; `--grpo-episodes M` gives the GRPO
-trainers a budget of their own, for a comparison at equal wall-clock rather than equal episodes): GRPO's settings are derived from the
-demo's `PPOConfig` (`searchrl.grpo.warm_start.train_grpo_from_warm_start`). During training each one
-evaluates on the dev split at step 0, every `eval_steps` steps and at its last step (greedy, our engine,
-`RUN/eval/step-N.json`); at the end each final policy is evaluated once on the hidden test split with
-`searchrl.evaluation.evaluate.evaluate_policy` (bootstrap 95% intervals), as the demo evaluates PPO.
+trainers a budget of their own, for a comparison at equal wall-clock rather than equal episodes): GRPO's
+settings are derived from the demo's `PPOConfig` (`searchrl.grpo.warm_start.train_grpo_from_warm_start`).
+During training each one evaluates on the dev split at step 0, every `eval_steps` steps and at its last
+step (greedy, our engine, `RUN/eval/step-N.json`); at the end each final policy is evaluated once on the
+hidden test split with `searchrl.evaluation.evaluate.evaluate_with_ppo_limits` (bootstrap 95% intervals),
+as the demo evaluates PPO.
 
 The x axes are `episode` and `time/train_s` (wall-clock minus evaluation time): a trainer is not charged
 for being evaluated. Both trainers write these fields into their eval files themselves. The trainers

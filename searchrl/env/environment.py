@@ -243,9 +243,10 @@ class _Plan:
     result: StepResult | None = None  # set when the turn ends the episode before any search
 
 
-# (id(tokenizer), chat template, class) -> (weak reference to the tokenizer, (per message, per turn)). The
-# reference is checked on a hit, so an id reused by a new object after the old one died is measured anew.
-_GLUE_CACHE: dict[tuple[Any, ...], tuple[Any, tuple[int, int]]] = {}
+# id(tokenizer) -> (weak reference to it, the chat template measured, (per message, per turn)). A hit needs
+# the same live object and an equal template (a string, or a dict of named ones), so an id reused after the
+# old tokenizer died, or a changed template, is measured anew.
+_GLUE_CACHE: dict[int, tuple[Any, Any, tuple[int, int]]] = {}
 
 
 class SearchEnvironment:
@@ -399,14 +400,14 @@ class SearchEnvironment:
             return 0, 0
         # The same tokenizer and template always give the same counts; measuring them was a fifth of the
         # cost of building an environment, and trainers build one per episode.
-        key = (id(self.tokenizer), getattr(self.tokenizer, "chat_template", None), self.tokenizer.__class__)
-        cached = _GLUE_CACHE.get(key)
-        if cached is not None and cached[0]() is self.tokenizer:
-            return cached[1]
+        template = getattr(self.tokenizer, "chat_template", None)
+        cached = _GLUE_CACHE.get(id(self.tokenizer))
+        if cached is not None and cached[0]() is self.tokenizer and cached[1] == template:
+            return cached[2]
         glue = self._measure_glue()
         # A tokenizer that takes no weak reference is measured each time.
         with contextlib.suppress(TypeError):
-            _GLUE_CACHE[key] = (weakref.ref(self.tokenizer), glue)
+            _GLUE_CACHE[id(self.tokenizer)] = (weakref.ref(self.tokenizer), template, glue)
         return glue
 
     def _measure_glue(self) -> tuple[int, int]:
