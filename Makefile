@@ -11,7 +11,7 @@ export HF_HUB_DISABLE_TELEMETRY := 1
 export TRL_EXPERIMENTAL_SILENCE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup demo test lint format bench clean
+.PHONY: setup demo test lint format bench fixtures clean
 
 setup: $(STAMP)
 
@@ -28,6 +28,12 @@ test: $(STAMP)
 	$(BIN)/ruff check searchrl tests benchmarks
 	$(BIN)/ruff format --check searchrl tests benchmarks
 	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+# Rebuild the demo's SFT warm start shipped for the learning test (tests/fixtures/demo_warm_start): about
+# 15 minutes on two cores; needed only when the synthetic task, the tokenizer or the SFT stage changes.
+fixtures: $(STAMP)
+	$(BIN)/searchrl demo --out runs/fixture-demo --quiet
+	$(BIN)/python tests/fixtures/refresh_demo_warm_start.py runs/fixture-demo
 
 lint: $(STAMP)
 	$(BIN)/ruff check searchrl tests benchmarks

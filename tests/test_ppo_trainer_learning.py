@@ -1,20 +1,35 @@
-"""A short PPO run raises the dev-split reward over its first steps (fixed seeds, CPU, seconds).
+"""A short PPO run raises the dev-split reward over its first steps (fixed seeds, CPU).
 
-Honest scope: an untrained tiny model cannot earn the QA rubric (it never writes an answer), so the
-reward here is the learnable `LikedTokens` stand-in from `test_ppo_trainer.py` (the share of sampled
-tokens whose id is a multiple of 4). Everything else is the real pipeline: real rollouts through the
-search environment, GAE over action tokens, clipped updates, the KL penalty to the reference. The dev
-questions are never trained on; the dev reward is measured with the same sampling seeds before and after.
+Two runs, each a real pipeline: rollouts through the search environment, GAE over action tokens,
+clipped updates, the KL penalty to the reference, dev questions never trained on and scored with the
+same sampling before and after.
+
+1. The synthetic task under the QA rubric (about a minute): `searchrl train --config
+   configs/ppo_tiny.yaml` through the CLI, on the demo's world (`searchrl data synth --size small`),
+   from the demo's SFT warm start shipped in tests/fixtures/demo_warm_start (see its
+   `refresh_demo_warm_start.py` for why it is shipped rather than trained here, and `make fixtures` to
+   rebuild it). The dev reward is the trainer's own evaluation of the first 64 dev questions.
+2. An untrained tiny model on the learnable `LikedTokens` stand-in from `test_ppo_trainer.py` (the share
+   of sampled tokens whose id is a multiple of 4; seconds): the same trainer with no warm start at all.
 """
 
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
+from pathlib import Path
 
 import pytest
 from test_ppo_trainer import QA, LikedTokens, build_world, env_factory, make_args
+from typer.testing import CliRunner
 
+from searchrl.cli import app
+from searchrl.data.synthetic import generate, preset_config
 from searchrl.ppo.trainer import PPOTrainer
+
+REPO = Path(__file__).resolve().parents[1]
+WARM_START = REPO / "tests" / "fixtures" / "demo_warm_start"
 
 DEV = [
     {"id": "v1", "question": "Who was born in Tiberk?", "golds": ["Amsel Drov"]},
@@ -77,3 +92,65 @@ def test_short_ppo_run_raises_the_dev_reward_over_its_first_steps(world, tmp_pat
     assert 0.1 < curve[0] < 0.4, curve
     assert curve[0] < curve[1] < curve[2], curve
     assert curve[2] > curve[0] + 0.05, curve  # measured: 0.219 -> 0.281 -> 0.328
+
+
+def synthesise_the_demo_world(data_dir: Path) -> None:
+    """What `searchrl data synth --size small --seed 0` and the demo's data stage write."""
+    generate(preset_config("small", seed=0)).write(data_dir)
+
+
+def assert_the_warm_start_was_trained_for(data_dir: Path) -> None:
+    provenance = json.loads((WARM_START / "provenance.json").read_text())
+    for name, digest in provenance["data_sha256"].items():
+        actual = hashlib.sha256((data_dir / name).read_bytes()).hexdigest()
+        assert actual == digest, (
+            f"the synthetic generator now writes a different {name} than the one the shipped warm start "
+            "was trained on; rebuild the fixture with `make fixtures` (runs the demo, about 15 minutes)"
+        )
+
+
+def test_short_ppo_run_on_the_synthetic_task_raises_the_dev_reward_under_the_qa_rubric(tmp_path):
+    data = tmp_path / "data"
+    synthesise_the_demo_world(data)
+    assert_the_warm_start_was_trained_for(data)
+    train = [json.loads(line) for line in (data / "train.jsonl").read_text().splitlines()]
+    dev = [json.loads(line) for line in (data / "dev.jsonl").read_text().splitlines()]
+    assert not {r["question"] for r in train} & {r["question"] for r in dev}  # dev is held out
+    values = {
+        "policy_model_path": WARM_START,
+        "train_file": data / "train.jsonl",
+        "dev_file": data / "dev.jsonl",
+        "corpus_path": data / "corpus.jsonl",
+        "index_dir": tmp_path / "index",
+        "output_dir": tmp_path / "run",
+        "reward_config_path": REPO / "configs" / "rewards_default.yaml",
+        # The shipped config's settings, with 10 steps instead of 20 and a learning rate to match
+        # (measured with 3e-5: the dev reward does not move in 10 steps).
+        "total_episodes": 320,
+        "learning_rate": 1e-4,
+        "seed": 0,
+        "eval_steps": 5,
+        "num_eval_questions": 64,
+        "save_steps": 1000,
+        "save_trajectories": "false",
+        "progress_bar": "false",
+    }
+    sets = [arg for k, v in values.items() for arg in ("--set", f"{k}={v}")]
+    result = CliRunner().invoke(app, ["train", "--config", str(REPO / "configs" / "ppo_tiny.yaml"), *sets])
+    assert result.exit_code == 0, result.output
+
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    evals = {r["step"]: r for r in rows if "eval/reward" in r}
+    assert sorted(evals) == [0, 5, 10]
+    reward = [evals[s]["eval/reward"] for s in (0, 5, 10)]
+    em = [evals[s]["eval/exact_match"] for s in (0, 5, 10)]
+    searches = [evals[s]["eval/searches_per_question"] for s in (0, 5, 10)]
+    print("dev reward, exact match, searches at steps 0, 5, 10:", reward, em, searches)
+    # Measured (seeds 0 / 1 / 42): reward 0.547 -> 0.641 / 0.619 / 0.556 -> 0.760 / 0.776 / 0.692.
+    assert 0.4 < reward[0] < 0.7, reward  # the warm start answers a good share already
+    assert reward[0] <= reward[1] < reward[2], reward
+    assert reward[2] > reward[0] + 0.1, reward
+    # The rise is the task, not a loophole in the rubric: more answers are right, and they come from
+    # more searching (the second hop of two-hop questions the warm start answers after one).
+    assert em[2] > em[0] + 0.1, em
+    assert searches[0] <= searches[1] <= searches[2] and searches[2] > searches[0], searches

@@ -301,9 +301,7 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
     # 1. data ------------------------------------------------------------------------------------
     def make_data():
         task = generate(preset_config(cfg.size, seed=cfg.seed))
-        write_jsonl(data_dir / "corpus.jsonl", task.corpus)
-        for split, rows in task.splits.items():
-            write_jsonl(data_dir / f"{split}.jsonl", rows)
+        task.write(data_dir)
         return task
 
     task = clock.run("data", make_data)
