@@ -25,6 +25,7 @@ from test_ppo_trainer import QA, LikedTokens, build_world, env_factory, make_arg
 from typer.testing import CliRunner
 
 from searchrl.cli import app
+from searchrl.common.io import read_jsonl
 from searchrl.data.synthetic import generate, preset_config
 from searchrl.ppo.trainer import PPOTrainer
 
@@ -113,8 +114,7 @@ def test_short_ppo_run_on_the_synthetic_task_raises_the_dev_reward_under_the_qa_
     data = tmp_path / "data"
     synthesise_the_demo_world(data)
     assert_the_warm_start_was_trained_for(data)
-    train = [json.loads(line) for line in (data / "train.jsonl").read_text().splitlines()]
-    dev = [json.loads(line) for line in (data / "dev.jsonl").read_text().splitlines()]
+    train, dev = read_jsonl(data / "train.jsonl"), read_jsonl(data / "dev.jsonl")
     assert not {r["question"] for r in train} & {r["question"] for r in dev}  # dev is held out
     values = {
         "policy_model_path": WARM_START,
@@ -139,8 +139,7 @@ def test_short_ppo_run_on_the_synthetic_task_raises_the_dev_reward_under_the_qa_
     result = CliRunner().invoke(app, ["train", "--config", str(REPO / "configs" / "ppo_tiny.yaml"), *sets])
     assert result.exit_code == 0, result.output
 
-    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    evals = {r["step"]: r for r in rows if "eval/reward" in r}
+    evals = {r["step"]: r for r in read_jsonl(tmp_path / "run" / "metrics.jsonl") if "eval/reward" in r}
     assert sorted(evals) == [0, 5, 10]
     reward = [evals[s]["eval/reward"] for s in (0, 5, 10)]
     em = [evals[s]["eval/exact_match"] for s in (0, 5, 10)]
