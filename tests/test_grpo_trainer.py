@@ -30,6 +30,7 @@ from searchrl.grpo.trainer import (
     tool_env_factory,
     unexecuted_call_records,
 )
+from searchrl.models.forward_patches import shares_storage
 from searchrl.models.tiny import (
     TinyModelConfig,
     build_policy,
@@ -305,6 +306,22 @@ def test_reference_model_must_be_reloadable_when_beta_is_positive(world: World) 
     in_memory = build_policy(world.tokenizer, TinyModelConfig(hidden_size=32, num_hidden_layers=1))
     with pytest.raises(ConfigError, match="config._name_or_path"):
         build_grpo_trainer(cfg, in_memory, world.tokenizer, world.backend, world.train_rows)
+
+
+def test_reference_model_must_hold_the_policys_weights_when_beta_is_positive(world: World) -> None:
+    """A policy changed in memory after it was loaded (an in-process SFT) would be regularised towards the
+    stale weights TRL reloads from its directory: refused. The unchanged policy gets an equal, separate copy."""
+    cfg = base_config(world.root, "our_rollout", beta=0.04)
+    policy = load_policy(world.policy_dir).train()
+    trainer = build_grpo_trainer(cfg, policy, world.tokenizer, world.backend, world.train_rows)
+    ref = trainer.accelerator.unwrap_model(trainer.ref_model)
+    assert not shares_storage(ref, policy)
+    assert all(torch.equal(a, b) for a, b in zip(ref.parameters(), policy.parameters(), strict=True))
+    moved = load_policy(world.policy_dir).train()
+    with torch.no_grad():
+        next(moved.parameters()).add_(0.01)
+    with pytest.raises(ConfigError, match="has other weights"):
+        build_grpo_trainer(cfg, moved, world.tokenizer, world.backend, world.train_rows)
 
 
 @pytest.mark.parametrize(

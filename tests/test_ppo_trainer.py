@@ -29,13 +29,8 @@ from searchrl.models.tiny import (
 from searchrl.ppo.advantages import place_rewards
 from searchrl.ppo.config import PPOConfig
 from searchrl.ppo.losses import policy_loss
-from searchrl.ppo.trainer import (
-    PPOTrainer,
-    collate_trajectories,
-    frozen_copy,
-    position_ids_from_mask,
-    token_logprobs,
-)
+from searchrl.ppo.modeling import frozen_copy, position_ids_from_mask, token_logprobs
+from searchrl.ppo.trainer import PPOTrainer, collate_trajectories
 from searchrl.rewards.combine import default_rubric
 from searchrl.rollout.generator import ScriptedPolicy
 from searchrl.search.index import build_index

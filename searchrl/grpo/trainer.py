@@ -58,6 +58,7 @@ from searchrl.env.protocol import parse_turn
 from searchrl.env.trl_adapter import SearchToolEnv
 from searchrl.evaluation.evaluate import generation_config_from_ppo
 from searchrl.grpo.config import GRPORunConfig
+from searchrl.models.forward_patches import remove_trainer_forward_patches, shares_storage
 from searchrl.rewards.combine import Rubric, default_rubric, load_rubric, mean_breakdown
 from searchrl.rewards.qa import exact_match, f1_score
 from searchrl.rollout.generator import GenerationConfig, HFGenerator
@@ -757,6 +758,32 @@ def _check_reference_model_source(cfg: GRPORunConfig, model: Any) -> None:
         )
 
 
+def _check_reference_matches_policy(trainer: Any, model: Any) -> None:
+    """TRL's reference (reloaded from disk) must be the policy GRPO starts from, weight for weight.
+
+    A policy changed in memory after it was loaded (an in-process SFT) would otherwise be regularised
+    towards the stale weights on disk; and the reference must not share storage with the policy.
+    """
+    ref = getattr(trainer, "ref_model", None)
+    if ref is None:
+        return
+    ref = trainer.accelerator.unwrap_model(ref)
+    if shares_storage(ref, model):
+        raise RuntimeError("GRPO's reference model shares storage with the policy (a bug; please report)")
+    ref_state = ref.state_dict()
+    differ = [
+        name
+        for name, value in model.state_dict().items()
+        if name in ref_state and not torch.equal(ref_state[name].to(value.device, value.dtype), value)
+    ]
+    if differ:
+        raise ConfigError(
+            f"beta={trainer.beta}: TRL loaded the reference from {model.config._name_or_path!r}, but the policy "
+            f"you passed has other weights ({len(differ)} tensors differ, e.g. {differ[0]}): it was changed "
+            "after it was loaded. Save the policy (save_pretrained) and load it from that directory, or set beta: 0."
+        )
+
+
 def hide_tool_schemas(trainer: SearchGRPOTrainer) -> None:
     """Compact prompts in TRL's loop: render no tool section, exactly as our engine does.
 
@@ -792,6 +819,8 @@ def build_grpo_trainer(
     if tokenizer.pad_token_id is None or tokenizer.pad_token_id == tokenizer.eos_token_id:
         raise ValueError("the tokenizer needs a pad token distinct from EOS (Qwen2.5: <|endoftext|>)")
     _check_reference_model_source(cfg, model)
+    # Wrappers an earlier trainer (an in-process SFT) left on `forward` go before TRL adds its own.
+    remove_trainer_forward_patches(model)
     rubric = rubric if rubric is not None else default_rubric()
     run = RunDir(cfg.output_dir)
     resume_from = resume_state(cfg, run) if resume else None
@@ -828,6 +857,7 @@ def build_grpo_trainer(
         callbacks=[run_callback, *(callbacks or [])],
         **mode_kwargs,
     )
+    _check_reference_matches_policy(trainer, model)
     if cfg.mode == "trl_loop" and not cfg.tool_schema_in_prompt:
         hide_tool_schemas(trainer)
     reward.trainer = trainer

@@ -36,7 +36,6 @@ also writes checkpoints, eval files and one trajectory file per step holding eve
 from __future__ import annotations
 
 import contextlib
-import copy
 import json
 import math
 import os
@@ -50,141 +49,40 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from accelerate import Accelerator
 from accelerate.utils import broadcast, gather_object
 from torch import nn
-from transformers import AutoModelForSequenceClassification, get_scheduler
+from transformers import get_scheduler
 
 from searchrl.common.config import save_config
 from searchrl.common.io import append_jsonl, atomic_write_json
 from searchrl.common.run import RunDir, build_manifest
-from searchrl.ppo.advantages import WHITEN_EPS, compute_gae, masked_mean, masked_whiten, place_rewards
+from searchrl.models.forward_patches import shares_storage
+from searchrl.ppo.advantages import (
+    WHITEN_EPS,
+    apply_missing_eos_penalty,
+    compute_gae,
+    masked_explained_variance,
+    masked_mean,
+    masked_whiten,
+    place_rewards,
+)
 from searchrl.ppo.config import PPOConfig
-from searchrl.ppo.kl import AdaptiveKLController, FixedKLController, kl_penalty
+from searchrl.ppo.kl import kl_penalty, make_kl_controller, per_sequence_kl
 from searchrl.ppo.losses import policy_loss, value_loss
+from searchrl.ppo.modeling import (
+    PolicyAndValue,
+    disable_dropout,
+    frozen_copy,
+    position_ids_from_mask,
+    prepare_policy,
+    token_entropy,
+    token_logprobs,
+    value_model_from_policy,
+)
 from searchrl.rewards.reward_model import FrozenRewardModel
-from searchrl.rollout.generator import GenerationConfig, HFGenerator, sampling_log_probs
+from searchrl.rollout.generator import GenerationConfig, HFGenerator
 from searchrl.rollout.trajectory import TERMINATION_REASONS, Trajectory, write_trajectories
-
-# ---------------------------------------------------------------------------------------------
-# Model plumbing: one module holding policy and critic, so one optimizer and one `prepare` cover both
-# (TRL 1.12's PolicyAndValueWrapper idea; the critic is a score head over per-token hidden states).
-# ---------------------------------------------------------------------------------------------
-
-
-def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
-    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-
-
-def token_logprobs(
-    logits: torch.Tensor, input_ids: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0
-) -> torch.Tensor:
-    """`out[:, t] = log p(input_ids[:, t] | input_ids[:, :t])` under the sampling distribution; `out[:, 0] = 0`.
-
-    The distribution is the rollout's own (`sampling_log_probs`: temperature, then top-k, then top-p), so
-    before any update these equal the rollout's logprobs (invariant 11: parity with sampling).
-    """
-    logp = sampling_log_probs(logits[:, :-1], temperature, top_k, top_p)
-    lp = logp.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
-    return F.pad(lp, (1, 0), value=0.0)
-
-
-def entropy_from_logits(logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    """Per-position entropy of the sampling distribution, aligned like `token_logprobs`."""
-    scaled = logits[:, :-1].float() / temperature
-    logp = torch.log_softmax(scaled, dim=-1)
-    ent = -(logp.exp() * logp).sum(-1)
-    return F.pad(ent, (1, 0), value=0.0)
-
-
-class PolicyAndValue(nn.Module):
-    """Policy (causal LM) plus critic.
-
-    `value_mode="separate"`: the critic is a sequence-classification model whose `.score` head runs over
-    its own backbone's per-token hidden states (TRL 1.12). `value_mode="shared_backbone"`: a linear value
-    head on the policy's last hidden state. Either way `values[:, t]` is the value of the state in which
-    token t is chosen, i.e. read at position t-1, aligned with `token_logprobs`.
-    """
-
-    def __init__(self, policy: nn.Module, value_model: nn.Module | None, value_mode: str = "separate"):
-        super().__init__()
-        self.policy = policy
-        self.value_mode = value_mode
-        if value_mode == "separate":
-            if value_model is None:
-                raise ValueError("value_mode='separate' needs a value_model (a seq-cls model, num_labels=1)")
-            self.value_model = value_model
-        elif value_mode == "shared_backbone":
-            self.value_head = nn.Linear(policy.config.hidden_size, 1)
-            nn.init.zeros_(self.value_head.weight)
-            nn.init.zeros_(self.value_head.bias)
-        else:
-            raise ValueError(f"value_mode must be 'separate' or 'shared_backbone', got {value_mode!r}")
-
-    def value_parameters(self) -> list[nn.Parameter]:
-        return list((self.value_model if self.value_mode == "separate" else self.value_head).parameters())
-
-    def forward(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        position_ids = position_ids_from_mask(attention_mask)
-        shared = self.value_mode == "shared_backbone"
-        out = self.policy(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            output_hidden_states=shared,
-            use_cache=False,
-        )
-        if shared:
-            raw = self.value_head(out.hidden_states[-1]).squeeze(-1)
-        else:
-            backbone = getattr(self.value_model, self.value_model.base_model_prefix)
-            hidden = backbone(
-                input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
-            ).last_hidden_state
-            raw = self.value_model.score(hidden).squeeze(-1)
-        values = F.pad(raw[:, :-1].float(), (1, 0), value=0.0)
-        return out.logits, values
-
-
-def disable_dropout(model: nn.Module) -> None:
-    for m in model.modules():
-        if isinstance(m, nn.Dropout):
-            m.p = 0.0
-    cfg = getattr(model, "config", None)
-    for name in ("attention_dropout", "hidden_dropout", "dropout", "resid_pdrop", "embd_pdrop"):
-        if cfg is not None and hasattr(cfg, name):
-            setattr(cfg, name, 0.0)
-
-
-def value_model_from_policy(policy: nn.Module) -> nn.Module:
-    """A critic initialised from the policy's backbone with a fresh zero score head.
-
-    Accepts a plain causal LM or one with PEFT layers injected: LoRA weights are left out and
-    `base_layer.` is stripped, so the critic starts from the *base* backbone either way.
-    """
-    config = copy.deepcopy(policy.config)
-    config.num_labels = 1
-    critic = AutoModelForSequenceClassification.from_config(config)
-    prefix = critic.base_model_prefix
-    source = getattr(policy, prefix).state_dict()
-    base_weights = {k.replace(".base_layer.", "."): v for k, v in source.items() if "lora_" not in k}
-    getattr(critic, prefix).load_state_dict(base_weights)
-    nn.init.zeros_(critic.score.weight)
-    if getattr(critic.score, "bias", None) is not None:
-        nn.init.zeros_(critic.score.bias)
-    return critic
-
-
-def frozen_copy(model: nn.Module) -> nn.Module:
-    ref = copy.deepcopy(model)
-    ref.eval()
-    for p in ref.parameters():
-        p.requires_grad_(False)
-    return ref
-
 
 # ---------------------------------------------------------------------------------------------
 # Batching trajectories: right-padded tensors; masks come from lengths and spans, never from pad ids.
@@ -220,18 +118,10 @@ def trim_to_length(batch: dict[str, torch.Tensor], idx: torch.Tensor) -> dict[st
 
 
 def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> float:
-    var_r = float(masked_var_safe(returns, mask))
-    if var_r == 0.0:
+    """`masked_explained_variance`, NaN when fewer than two action tokens leave it undefined."""
+    if float(mask.sum()) < 2:
         return float("nan")
-    return 1.0 - float(masked_var_safe(returns - values, mask)) / var_r
-
-
-def masked_var_safe(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    n = mask.sum()
-    if n < 2:
-        return torch.tensor(0.0)
-    mean = (x * mask).sum() / n
-    return ((x - mean) ** 2 * mask).sum() / (n - 1)
+    return masked_explained_variance(values, returns, mask)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -385,6 +275,17 @@ class PPOTrainer:
         self._seed_everything(args.seed + self.rank * 100003)
 
         # --- models -------------------------------------------------------------------------
+        # A policy fresh from an in-process SFT (or GRPO) carries trainer wrappers on `forward`: remove them,
+        # so it samples and trains in its own precision and nothing copied from it can run it instead.
+        prepare_policy(model)
+        for role, side in (("ref_model", ref_model), ("value_model", value_model)):
+            if side is not None:
+                prepare_policy(side, role)
+                if shares_storage(side, model):
+                    raise ValueError(
+                        f"{role} shares weights with the policy, so it would move with every update; pass an "
+                        f"independent model (or None to have one built from the policy)"
+                    )
         already_peft = hasattr(model, "disable_adapter")
         if already_peft and peft_config is not None:
             raise ValueError("model is already a PeftModel: pass peft_config=None, or pass the base model")
@@ -462,10 +363,7 @@ class PPOTrainer:
             self.wrapped_model, self.optimizer = self.accelerator.prepare(self.model, self.optimizer)
 
         # --- KL control ----------------------------------------------------------------------
-        if args.kl_target is not None:
-            self.kl_ctl = AdaptiveKLController(args.kl_coef, args.kl_target, args.kl_horizon)
-        else:
-            self.kl_ctl = FixedKLController(args.kl_coef)
+        self.kl_ctl = make_kl_controller(args.kl_coef, args.kl_target, args.kl_horizon)
 
         # --- rollout engine --------------------------------------------------------------------
         self.generation_config = GenerationConfig(
@@ -663,9 +561,10 @@ class PPOTrainer:
             scores = scores + self.args.reward_model_weight * rm
         if self.args.missing_eos_penalty is not None:
             # TRL 1.12: `scores[~contain_eos] -= missing_eos_penalty`, here per trajectory.
-            for i, t in enumerate(trajs):
-                if not self.ends_with_stop(t):
-                    scores[i] -= self.args.missing_eos_penalty
+            ended = torch.tensor([self.ends_with_stop(t) for t in trajs], dtype=torch.bool)
+            scores = apply_missing_eos_penalty(scores, ended, self.args.missing_eos_penalty)
+            for t, ok in zip(trajs, ended.tolist(), strict=True):
+                if not ok:
                     t.reward_breakdown["missing_eos_penalty"] = -self.args.missing_eos_penalty
         for i, t in enumerate(trajs):
             t.reward = float(scores[i])
@@ -706,7 +605,7 @@ class PPOTrainer:
                     logits, mb["input_ids"], self.args.temperature, self.args.top_k, self.args.top_p
                 ).cpu()
             )
-            ents.append(entropy_from_logits(logits, self.args.temperature).cpu())
+            ents.append(token_entropy(logits, self.args.temperature).cpu())
             vals.append(values.cpu())
         return torch.cat(lps), torch.cat(vals), torch.cat(ents)
 
@@ -772,7 +671,7 @@ class PPOTrainer:
 
         # 7. control: the KL controller sees the batch mean of per-trajectory summed KL (TRL's unit), over
         # all ranks, and counts the global batch, so every rank holds the same coefficient.
-        seq_kl = (kl * action_mask).sum(1)
+        seq_kl = per_sequence_kl(kl, action_mask)
         mean_kl = self._global_mean(seq_kl)
         kl_coef_used = float(self.kl_ctl.value)  # the coefficient in this step's rewards, logged as such
         self.kl_ctl.update(mean_kl, a.batch_size)

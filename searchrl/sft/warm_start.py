@@ -44,6 +44,7 @@ from searchrl.common.io import atomic_write_json
 from searchrl.common.trl_args import cpu_safe_trainer_kwargs
 from searchrl.env.environment import EnvConfig, SearchEnvironment
 from searchrl.env.protocol import parse_turn
+from searchrl.models.forward_patches import remove_trainer_forward_patches
 from searchrl.models.tiny import TinyModelConfig
 from searchrl.rollout.chat import render_conversation
 from searchrl.rollout.generator import GenerationConfig, HFGenerator
@@ -398,6 +399,10 @@ def run_sft(
                     )
     finally:
         torch.set_num_threads(threads)
+        # TRL's fused LM head and accelerate's bf16 autocast stay on `policy.forward` after training; without
+        # this the returned policy would run in bfloat16 from now on, and a deep copy of it (a PPO reference)
+        # would run the live policy (`searchrl.models.forward_patches`).
+        remove_trainer_forward_patches(policy)
     policy.eval()
     trained_tokens = sum(sum(1 for x in ex if x != IGNORE_INDEX) for ex in dataset["labels"])
     return SFTOutcome(
