@@ -1,4 +1,5 @@
-"""`searchrl data synth` (write the synthetic task) and `searchrl data check` (validate a QA file)."""
+"""`searchrl data synth` (write the synthetic task), `searchrl data realqa` (HotpotQA / SQuAD slices) and
+`searchrl data check` (validate a QA file)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,10 @@ from searchrl.common.config import ConfigError, config_from_dict
 from searchrl.data.datasets import DatasetError, load_qa
 from searchrl.data.synthetic import SIZE_PRESETS, SynthConfig, generate
 
-data_app = typer.Typer(help="Datasets: generate the synthetic task, check QA files.", no_args_is_help=True)
+data_app = typer.Typer(
+    help="Datasets: generate the synthetic task, write real HotpotQA/SQuAD questions, check QA files.",
+    no_args_is_help=True,
+)
 
 
 def _synth_config(
@@ -75,6 +79,81 @@ def synth(
     paths = task.write(out)
     sizes = ", ".join(f"{s}: {len(rows)}" for s, rows in task.splits.items())
     typer.echo(f"wrote {len(task.corpus)} documents to {paths['corpus']} and questions ({sizes}) to {out}")
+
+
+@data_app.command("realqa")
+def realqa(
+    out: Annotated[
+        Path, typer.Option("--out", help="Directory for corpus.jsonl, train/dev/test.jsonl and meta.json.")
+    ],
+    source: Annotated[
+        str,
+        typer.Option("--source", help="hotpotqa, squad or both (each split by its own rule, then joined)."),
+    ] = "both",
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the split; same seed, same files.")] = 0,
+    dev_fraction: Annotated[
+        float, typer.Option("--dev-fraction", help="Share of each dataset's questions for dev (whole units).")
+    ] = 0.1,
+    test_fraction: Annotated[
+        float,
+        typer.Option("--test-fraction", help="Share of each dataset's questions for test (whole units)."),
+    ] = 0.2,
+    files: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--files",
+            help="Input file(s) in the official HotpotQA / SQuAD v1.1 JSON; repeat for several (default: the "
+            "repository's data/realqa/ slices). With --source both, each file's dataset is told by its shape.",
+        ),
+    ] = None,
+    max_train: Annotated[
+        int | None, typer.Option("--max-train", help="At most this many train questions per dataset.")
+    ] = None,
+    max_dev: Annotated[
+        int | None, typer.Option("--max-dev", help="At most this many dev questions per dataset.")
+    ] = None,
+    max_test: Annotated[
+        int | None, typer.Option("--max-test", help="At most this many test questions per dataset.")
+    ] = None,
+    corpus_format: Annotated[
+        str,
+        typer.Option(
+            "--corpus-format",
+            help="searchrl ({id, title, contents}) or search-r1 ({id, contents: '\"Title\"\\ntext'}).",
+        ),
+    ] = "searchrl",
+) -> None:
+    """Write real questions over their own Wikipedia paragraphs (HotpotQA distractor, SQuAD v1.1).
+
+    SQuAD is split by article, HotpotQA by question, so no test question is seen in training.
+    All splits share the corpus of paragraphs; nothing is downloaded.
+    """
+    from searchrl.data.realqa import CORPUS_FORMATS, build_realqa
+
+    if source not in ("hotpotqa", "squad", "both"):
+        raise typer.BadParameter(
+            f"unknown source {source!r}; choose hotpotqa, squad or both", param_hint="--source"
+        )
+    if corpus_format not in CORPUS_FORMATS:
+        raise typer.BadParameter(
+            f"unknown corpus format {corpus_format!r}; choose one of {', '.join(CORPUS_FORMATS)}",
+            param_hint="--corpus-format",
+        )
+    sizes = {"train": max_train, "dev": max_dev, "test": max_test}
+    try:
+        task = build_realqa(source, files or None, seed, dev_fraction, test_fraction, sizes)
+        paths = task.write(out, corpus_format)
+    except DatasetError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(1) from e
+    except ValueError as e:  # fractions and sizes
+        raise typer.BadParameter(str(e)) from e
+    counts = task.meta["counts"]
+    typer.echo(
+        f"wrote {counts['documents']} documents to {paths['corpus']} and questions (train: {counts['train']}, "
+        f"dev: {counts['dev']}, test: {counts['test']}) to {out}"
+    )
+    typer.echo(f"next: searchrl index --corpus {paths['corpus']} --out {out / 'index'}")
 
 
 @data_app.command("check")
