@@ -58,6 +58,7 @@ from searchrl.rollout.trajectory import TERMINATION_REASONS, ToolCallRecord
 from searchrl.search.base import Backend, Hit
 
 TRUNCATION_MARKER = "[... truncated]"
+CITATION_STYLES = ("doc_id", "number")
 
 # Tools the environment knows how to execute. Other registered tools can be named (and denied) only.
 EXECUTABLE_TOOLS = ("search",)
@@ -73,6 +74,7 @@ DEFAULT_SYSTEM_PROMPT_CHAT_COMPACT = (
     f"</tool_call>; you may search more than once. When you know the answer, reply {ANSWER_OPEN}ANSWER "
     f"[doc_id]{ANSWER_CLOSE}, citing the ids of the documents that support it."
 )
+# With citation_style="number" the prompts say "[n]" where they say "[doc_id]" (`system_prompt`).
 DEFAULT_SYSTEM_PROMPT_SEARCH_R1 = (
     f"Answer the question. To search, write {SEARCH_OPEN}query{SEARCH_CLOSE}; the results appear between "
     "<information> and </information>. You may search more than once. When you know the answer, write "
@@ -139,10 +141,23 @@ class EnvConfig:
             "one example call instead, and `tools` is empty."
         },
     )
+    citation_style: Literal["doc_id", "number"] = field(
+        default="doc_id",
+        metadata={
+            "help": "How documents are labelled and cited. 'doc_id': each shown with its corpus id, cited as "
+            "[d000042]. 'number': numbered [1], [2], ... in the order the episode first shows them (on across "
+            "searches; a document shown again keeps its number), cited as [2]; the environment maps each cited "
+            "number back to its document id, so rewards and the audit see corpus ids either way."
+        },
+    )
 
     def __post_init__(self) -> None:
         if self.protocol not in PROTOCOLS:
             raise ConfigError(f"protocol: {self.protocol!r} is not one of {list(PROTOCOLS)}")
+        if self.citation_style not in CITATION_STYLES:
+            raise ConfigError(
+                f"citation_style: {self.citation_style!r} is not one of {list(CITATION_STYLES)}"
+            )
         for name in (
             "max_turns",
             "max_tool_calls",
@@ -293,10 +308,34 @@ class SearchEnvironment:
         if self.config.system_prompt:
             return self.config.system_prompt
         if self.config.protocol != "chat":
-            return DEFAULT_SYSTEM_PROMPT_SEARCH_R1
-        if self.config.tool_schema_in_prompt:
-            return DEFAULT_SYSTEM_PROMPT_CHAT
-        return DEFAULT_SYSTEM_PROMPT_CHAT_COMPACT
+            prompt = DEFAULT_SYSTEM_PROMPT_SEARCH_R1
+        elif self.config.tool_schema_in_prompt:
+            prompt = DEFAULT_SYSTEM_PROMPT_CHAT
+        else:
+            prompt = DEFAULT_SYSTEM_PROMPT_CHAT_COMPACT
+        return self._in_citation_style(prompt)
+
+    def _in_citation_style(self, text: str) -> str:
+        if self.config.citation_style != "number":
+            return text
+        return text.replace("[doc_id]", "[n]").replace(
+            "the ids of the documents", "the numbers of the documents"
+        )
+
+    def citation_label(self, doc_id: str) -> str:
+        """What the policy writes in brackets to cite `doc_id`: its number this episode, or the id itself."""
+        if self.config.citation_style == "number" and doc_id in self.source_numbers:
+            return str(self.source_numbers[doc_id])
+        return doc_id
+
+    def resolve_citation(self, label: str) -> str:
+        """The document id a bracketed label stands for; an unknown label is returned as written (it is then
+        not in `retrieved`, i.e. a fabricated citation)."""
+        if self.config.citation_style == "number" and label.isdigit():
+            for doc_id, number in self.source_numbers.items():
+                if str(number) == label:
+                    return doc_id
+        return label
 
     def reset(self, row: dict[str, Any]) -> list[dict[str, Any]]:
         """Start an episode for `row` (needs `question`; `id` and `golds` are kept) -> [system, user]."""
@@ -335,6 +374,7 @@ class SearchEnvironment:
             del self.observations[-count:]
         for doc_id in new_docs:
             self.retrieved.pop(doc_id, None)
+            self.source_numbers.pop(doc_id, None)
         self._last_observation = (0, [])
 
     def call_tool(self, name: str, arguments: dict[str, Any]) -> tuple[ToolCallRecord, str]:
@@ -383,7 +423,11 @@ class SearchEnvironment:
         self.retrieved: dict[str, str] = {}
         self.observations: list[str] = []
         self.answer: str | None = None
-        self.citations: list[str] = []
+        self.citations: list[str] = []  # document ids (cited numbers resolved)
+        self.cited_labels: list[str] = []  # what the policy wrote in brackets
+        self.source_numbers: dict[
+            str, int
+        ] = {}  # doc id -> its number this episode (citation_style "number")
         self.final_text = ""
         self.tokens_used = 0  # after the prompt; the rollout may overwrite it with its exact count
         self.searches_sent = 0
@@ -451,8 +495,9 @@ class SearchEnvironment:
         turn_index = len(self.turns) - 1
 
         if turn.answer is not None:
-            self.answer, self.citations = turn.answer, list(turn.citations)
-            plan.result = self._end("answered", answer=turn.answer, citations=list(turn.citations))
+            self.cited_labels = list(turn.citations)
+            self.answer, self.citations = turn.answer, [self.resolve_citation(c) for c in turn.citations]
+            plan.result = self._end("answered", answer=turn.answer, citations=list(self.citations))
         elif turn.answer_error is not None:
             plan.result = self._end("no_answer", error=turn.error)
         elif not turn.has_actions:
@@ -519,7 +564,7 @@ class SearchEnvironment:
                     "over_budget",
                     f"search budget used up ({cfg.max_tool_calls} of {cfg.max_tool_calls} searches); no more "
                     "searches will run",
-                    f"Answer now with {ANSWER_OPEN}ANSWER [doc_id]{ANSWER_CLOSE}.",
+                    self._in_citation_style(f"Answer now with {ANSWER_OPEN}ANSWER [doc_id]{ANSWER_CLOSE}."),
                 )
             else:
                 assert call.validated is not None
@@ -611,12 +656,21 @@ class SearchEnvironment:
             return self._fit(f'No documents found for "{shown_query}". Try other keywords.'), {}, 0
         blocks: list[tuple[str, str, str, str]] = []  # (doc_id, title, header, body)
         injections = 0
+        numbered = self.config.citation_style == "number"
+        numbered_before = len(self.source_numbers)
         for rank, hit in enumerate(hits, start=1):
             doc_id, n0 = self._sanitize(hit.doc_id)
             title, n1 = self._sanitize(" ".join(hit.title.split()))
             body, n2 = self._sanitize(hit.text.strip())
             injections += n0 + n1 + n2
-            if self.config.protocol == "chat":
+            if numbered:  # the episode's running number is the document's label; its id is not shown
+                label = self.source_numbers.setdefault(hit.doc_id, len(self.source_numbers) + 1)
+                header = (
+                    f"[{label}] {title}"
+                    if self.config.protocol == "chat"
+                    else f"Doc {label} (Title: {title})"
+                )
+            elif self.config.protocol == "chat":
                 header = f"[{rank}] (id: {doc_id}) {title}".rstrip()
             else:
                 header = f"Doc {rank} (id: {doc_id}, Title: {title})"
@@ -625,6 +679,10 @@ class SearchEnvironment:
         shown = {
             doc_id: f"{title}\n{body}" for (doc_id, title, _, _), body in zip(blocks, kept, strict=False)
         }
+        if numbered:  # a document cut off by the observation limit was never shown: it keeps no number
+            for doc_id, _, _, _ in blocks[len(kept) :]:
+                if doc_id not in shown and self.source_numbers.get(doc_id, 0) > numbered_before:
+                    del self.source_numbers[doc_id]
         return text, shown, injections
 
     def _join_block(self, header: str, body: str) -> str:

@@ -134,6 +134,13 @@ class GRPORunConfig:
             "keeps prompts short for tiny models (the system prompt shows one example call), in both modes."
         ),
     )
+    citation_style: Literal["doc_id", "number"] = field(
+        default="doc_id",
+        metadata=_help(
+            "How the environment labels documents and the policy cites them: 'doc_id' ([d000042]) or 'number' "
+            "([1], [2], ... in the order the episode shows them, mapped back to document ids for rewards)."
+        ),
+    )
     system_prompt: str | None = field(
         default=None, metadata=_help("System prompt of every episode; null: the environment's default.")
     )
@@ -352,6 +359,7 @@ SHARED_WITH_PPO = (
     "search_timeout_s",
     "protocol",
     "tool_schema_in_prompt",
+    "citation_style",
     "system_prompt",
     "max_turns",
     "max_tool_calls",

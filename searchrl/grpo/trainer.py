@@ -423,7 +423,7 @@ def trajectory_from_trl(
         observations=list(env.observations),
         retrieved=dict(env.retrieved),
         answer=turn.answer if answered else None,
-        citations=list(turn.citations) if answered else [],
+        citations=[env.resolve_citation(c) for c in turn.citations] if answered else [],
         final_text=final_text,
         num_turns=len(assistant),
         termination=_termination(final, answered, ended_with_eos),

@@ -173,6 +173,13 @@ class PPOConfig:
             "tiny models (one example call in the system prompt instead)."
         ),
     )
+    citation_style: Literal["doc_id", "number"] = field(
+        default="doc_id",
+        metadata=_help(
+            "How the environment labels documents and the policy cites them: 'doc_id' ([d000042]) or 'number' "
+            "([1], [2], ... in the order the episode shows them, mapped back to document ids for rewards)."
+        ),
+    )
     system_prompt: str | None = field(
         default=None,
         metadata=_help(
@@ -480,6 +487,7 @@ class PPOConfig:
             topk=self.topk,
             tool_timeout_s=self.search_timeout_s,
             tool_schema_in_prompt=self.tool_schema_in_prompt,
+            citation_style=self.citation_style,
             system_prompt=self.system_prompt,
         )
 

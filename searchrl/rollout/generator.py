@@ -369,6 +369,12 @@ class _KVBatch:
         self.attn = torch.gather(self.attn, 1, order)
 
 
+def _cited_labels(env: Any) -> dict[str, list[str]]:
+    """The bracketed labels as the policy wrote them, when they are not the document ids (numbered sources)."""
+    labels = list(getattr(env, "cited_labels", []) or [])
+    return {"cited_labels": labels} if labels and labels != list(getattr(env, "citations", []) or []) else {}
+
+
 def _sync_token_count(env: Any, tokens: int) -> None:
     # SearchEnvironment counts tokens by re-tokenising text; the rollout knows the exact count.
     if hasattr(env, "tokens_used"):
@@ -695,5 +701,6 @@ class HFGenerator:
                 "tools": list(getattr(env, "tools", []) or []),
                 "injection_attempts": int(getattr(env, "injection_attempts", 0) or 0),
                 **({"error": r.error} if r.error else {}),
+                **_cited_labels(env),
             },
         )

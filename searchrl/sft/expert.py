@@ -203,9 +203,9 @@ class ExpertForcing:
             return self._search(row, expert_queries(ep.row)[0])
         hop1 = self._read_hop(env, turn_index=0, relation=chain[0], subject=str(ep.row["subject"]))
         if len(chain) == 1:
-            return self._answer(ep, hop1, fallback=str(ep.row["golds"][0]))
+            return self._answer(ep, hop1, fallback=str(ep.row["golds"][0]), env=env)
         if ep.kind == "one_hop":  # stop after the first hop: the bridge is answered as if it were the answer
-            return self._answer(ep, hop1, fallback=str(ep.row.get("bridge") or ep.row["golds"][0]))
+            return self._answer(ep, hop1, fallback=str(ep.row.get("bridge") or ep.row["golds"][0]), env=env)
         if turn == 1:
             bridge = hop1[1] if hop1 else None
             ep.bridge_source = "retrieved" if bridge else "oracle"
@@ -213,14 +213,14 @@ class ExpertForcing:
             return self._search(row, f"{bridge} {RELATION_WORDS[chain[1]]}")
         bridge = ep.searches[1].rsplit(" ", 1)[0]
         hop2 = self._read_hop(env, turn_index=1, relation=chain[1], subject=bridge)
-        return self._answer(ep, hop2, fallback=str(ep.row["golds"][0]))
+        return self._answer(ep, hop2, fallback=str(ep.row["golds"][0]), env=env)
 
     def _wrong_entity_turn(self, row: int, ep: _Episode, turn: int, env: Any) -> str:
         relation = ep.chain[0]
         if turn == 0:
             return self._search(row, f"{ep.decoy_subject} {RELATION_WORDS[relation]}")
         found = self._read_hop(env, turn_index=0, relation=relation, subject=ep.decoy_subject)
-        return self._answer(ep, found, fallback=ep.guess)
+        return self._answer(ep, found, fallback=ep.guess, env=env)
 
     @staticmethod
     def _read_hop(env: Any, turn_index: int, relation: str, subject: str) -> tuple[str, str] | None:
@@ -230,10 +230,12 @@ class ExpertForcing:
         return find_fact(dict(getattr(env, "retrieved", {}) or {}), doc_ids, relation, subject)
 
     @staticmethod
-    def _answer(ep: _Episode, found: tuple[str, str] | None, fallback: str) -> str:
+    def _answer(ep: _Episode, found: tuple[str, str] | None, fallback: str, env: Any = None) -> str:
         answer = found[1] if found else fallback
         cite = [found[0]] if found and ep.kind != "no_citation" else []
-        return format_answer(answer, cite)
+        # The label the environment showed the document with (its number, or its id).
+        label = getattr(env, "citation_label", None)
+        return format_answer(answer, [label(c) for c in cite] if label else cite)
 
 
 # -- the expert ----------------------------------------------------------------------------------------
