@@ -18,6 +18,7 @@ from typer.testing import CliRunner
 
 from searchrl.cli import app
 from searchrl.common.io import append_jsonl, atomic_write_json
+from searchrl.common.run import RunTargetError
 from searchrl.evaluation.audit import (
     EvalPoint,
     Thresholds,
@@ -282,9 +283,12 @@ def test_audit_run_uses_eval_json_files_when_the_log_has_no_evals(tmp_path):
 
 
 def test_audit_errors_name_the_problem(tmp_path):
-    with pytest.raises(FileNotFoundError, match="run directory not found"):
+    with pytest.raises(RunTargetError, match="no such file or directory.*a run directory.*a demo directory"):
         audit_run(tmp_path / "missing")
-    with pytest.raises(FileNotFoundError, match="no trajectories"):
+    with pytest.raises(RunTargetError, match="not a run, a demo or a trajectories file"):
+        audit_run(tmp_path)  # an empty folder
+    (tmp_path / "config.yaml").write_text("seed: 1\n")  # a run that has not written anything yet
+    with pytest.raises(FileNotFoundError, match="nothing to audit yet"):
         audit_run(tmp_path)
     with pytest.raises(KeyError, match="no check named"):
         audit_trajectories(population()).check("nope")

@@ -8,9 +8,12 @@ user runs it. Scripted turns are forced through the engine where the test needs 
 from __future__ import annotations
 
 import json
+import tempfile
+from pathlib import Path
 
 import pytest
 import torch
+from test_run_targets_support import UNSEEN_CORPUS, UNSEEN_QUESTIONS, forced_turns, unseen_world
 from typer.testing import CliRunner
 
 from searchrl.cli import app
@@ -22,6 +25,7 @@ from searchrl.env.protocol import format_answer, format_tool_call
 from searchrl.evaluation.evaluate import (
     env_config_from_ppo,
     evaluate_policy,
+    evaluate_run,
     generation_config_from_ppo,
     trajectories_path,
 )
@@ -202,3 +206,43 @@ def test_cli_eval_of_the_initial_policy_a_run_started_from(world, tmp_path):
     assert ok.exit_code == 0, ok.output
     data = json.loads((run / "eval" / "test-initial.json").read_text())
     assert data["checkpoint"] == "initial" and data["step"] == 0 and data["model"] == str(start)
+
+
+def test_a_checkpoint_on_questions_and_a_corpus_the_run_never_saw(world, tmp_path):
+    unseen = unseen_world(tmp_path)
+    run = world["run"]
+    temp_indexes = set(Path(tempfile.gettempdir()).glob("searchrl-eval-index-*"))
+    result, path = evaluate_run(
+        run,
+        checkpoint="step-1",
+        data_dir=unseen.questions,
+        corpus=unseen.corpus,
+        output=tmp_path / "unseen.json",
+        n_resamples=50,
+        generator_factory=forced_turns("doc"),
+    )
+    data = json.loads(path.read_text())
+    assert (
+        data["checkpoint"] == "step-1" and data["trainer"] == "ppo" and data["corpus"] == str(unseen.corpus)
+    )
+    assert data["data"] == str(unseen.questions) and data["n"] == len(UNSEEN_QUESTIONS)
+    # The run's environment (config.yaml: 3 turns, 3 tool calls, 600 tokens), not the defaults.
+    env = data["env_config"]
+    assert (env["max_turns"], env["max_tool_calls"], env["max_total_tokens"]) == (3, 3, 600)
+    trajs = result.trajectories
+    unseen_ids = {d["id"] for d in UNSEEN_CORPUS}
+    assert [t.tool_calls[0].doc_ids[0] for t in trajs] == ["u1", "u3", "u4"]
+    assert all(set(c.doc_ids) <= unseen_ids for t in trajs for c in t.tool_calls)
+    assert [t.answer for t in trajs] == ["Tamsel", "Nobody", "Quillow"]
+    assert data["exact_match"] == pytest.approx(2 / 3) and data["by_hops"]["2"]["exact_match"] == 1.0
+    # The BM25 index built from --corpus lived in a temporary folder, removed afterwards.
+    assert set(Path(tempfile.gettempdir()).glob("searchrl-eval-index-*")) == temp_indexes
+
+    # The CLI, with the index built from that corpus: --data FILE --index DIR on the run's latest checkpoint.
+    out = tmp_path / "cli.json"
+    cli = _invoke("--run", str(run), "--data", str(unseen.questions), "--index", str(unseen.index),
+                  "--bootstrap", "20", "--out", str(out))  # fmt: skip
+    assert cli.exit_code == 0, cli.output
+    data = json.loads(out.read_text())
+    assert data["checkpoint"] == "step-2" and data["index"] == str(unseen.index) and data["n"] == 3
+    assert [t.question_id for t in read_trajectories(trajectories_path(out))] == ["n1", "n2", "n3"]

@@ -90,6 +90,7 @@ def fake_training_log(run, steps: int = 6) -> None:
             "reward/format": 0.1,
             "reward/metric/exact_match": 0.5,
             "val/explained_variance": float("nan"),
+            "rollout/logprob_max_abs_diff": 1e-6 * (step % 4),  # 1, 2, 3, 0, 1, 2 (e-6)
         }
         if step % 2 == 0:
             row |= {"eval/exact_match": 0.1 * step, "eval/f1": 0.12 * step}
@@ -105,13 +106,23 @@ def test_report_is_one_self_contained_file_with_plots_tables_and_spans(world, tm
         {"split": "test", "checkpoint": "step-6", "step": 6, **world["result"].summary},
     )
     summary = {
-        "sft": {"test": {"exact_match": 0.4}},
-        "ppo": {"test": {"exact_match": 0.85}},
+        "sft": {"test": {"exact_match": 0.4, "citation_support": 0.1}},
+        "ppo": {"test": {"exact_match": 0.85, "citation_support": 0.3}},
         "wall_seconds": 12.5,
     }
     path = write_report(run, summary=summary, tokenizer=world["tok"])
     assert path == run / "report.html"
     text = path.read_text()
+    # At a glance: next to exact match, the citation figures and the training diagnostics.
+    glance = text[text.index("<h2>At a glance</h2>") : text.index("<h2>Summary</h2>")]
+    cells = [re.sub(r"<[^>]+>", "", c).strip() for c in re.findall(r"<td>(.*?)</td>", glance)]
+    assert cells[:4] == ["SFT policy (sft.test)", "0.400", "0.100", "n/a (no trajectories audited)"]
+    assert cells[5:9] == ["PPO policy (ppo.test)", "0.850", "0.300", "n/a (no trajectories audited)"]
+    i = cells.index("rollout/logprob_max_abs_diff")
+    assert cells[i + 1 : i + 3] == ["max 3e-06 (step 3)", "last 2e-06 (step 6)"]
+    i = cells.index("objective/kl")
+    assert cells[i + 1 : i + 3] == ["mean 0.07 over 6 steps", "last 0.12 (step 6)"]
+    assert cells[cells.index("dev exact match (eval/exact_match)") + 1] == "0.600 at step 6"
     assert sorted(p.name for p in run.iterdir() if p.suffix == ".html") == ["report.html"]
     # Self-contained: no external scripts, styles, images or fonts.
     assert 'src="http' not in text and "src='http" not in text and "<link" not in text
@@ -146,14 +157,21 @@ def test_each_span_is_decoded_from_its_own_tokens(world):
     assert "Amsel Drov born" in render_trajectory(traj, None).replace("&quot;", '"')
 
 
-def test_report_cli_and_an_empty_run(tmp_path):
+def test_report_cli_on_a_run_that_has_just_started_and_on_folders_that_are_not_runs(tmp_path):
+    started = tmp_path / "started"
+    started.mkdir()
+    (started / "config.yaml").write_text("seed: 3\n")  # what a run holds before its first step
+    result = CliRunner().invoke(app, ["report", "--run", str(started)])
+    assert result.exit_code == 0, result.output
+    assert "No metrics logged yet" in (started / "report.html").read_text()
+    wide = {"COLUMNS": "1000"}  # rich would otherwise wrap the long message
+    missing = CliRunner().invoke(app, ["report", "--run", str(tmp_path / "nope")], env=wide)
+    assert missing.exit_code != 0 and "no such file or directory" in missing.output
     empty = tmp_path / "empty"
     empty.mkdir()
-    result = CliRunner().invoke(app, ["report", "--run", str(empty)])
-    assert result.exit_code == 0, result.output
-    assert "No metrics logged yet" in (empty / "report.html").read_text()
-    missing = CliRunner().invoke(app, ["report", "--run", str(tmp_path / "nope")])
-    assert missing.exit_code != 0 and "not found" in missing.output
+    refused = CliRunner().invoke(app, ["report", "--run", str(empty)], env=wide)
+    assert refused.exit_code != 0 and "not a run, a demo or a trajectories file" in refused.output
+    assert "a demo directory" in refused.output and not (empty / "report.html").exists()
 
 
 def test_report_on_a_real_ppo_run_with_offline_eval_and_audit(world, tmp_path):

@@ -1,11 +1,14 @@
-"""The trajectory viewer end to end: a real tiny PPO run, `searchrl view` as a real process, headless Chromium.
+"""The trajectory viewer end to end: real runs, `searchrl view` as a real process, headless Chromium.
 
-The run is trained here (2 PPO steps, forced search-then-answer turns, `save_trajectories` on), so the
-viewer reads files the trainer really wrote: per-token advantages/KL/values, reward breakdowns, tool
-calls. Chromium (Debian's package) is driven over the Chrome DevTools Protocol with a tiny stdlib
-WebSocket client: the list page must render (a non-blank screenshot: pixel variance), list every
-trajectory, and a real mouse click on a row must lead to the trajectory page with its tokens carrying
-the action / observation / prompt classes and the score token marked.
+Two targets are built here. A tiny PPO run (2 steps, forced search-then-answer turns, `save_trajectories`
+on), so the viewer reads files the trainer really wrote: per-token advantages/KL/values, reward
+breakdowns, tool calls. And the real smoke demo (`smoke_config` + `run_demo`), whose directory offers the
+PPO run's training steps and the SFT and PPO hidden-test evaluations as trajectory sources. Chromium
+(Debian's package) is driven over the Chrome DevTools Protocol with a tiny stdlib WebSocket client: the
+list page must render (a non-blank screenshot: pixel variance), list every trajectory, a real mouse click
+on a row must lead to the trajectory page with its tokens carrying the action / observation / prompt
+classes and the score token marked, and on the demo a keyboard choice in the source picker must switch the
+list to the SFT policy's hidden-test evaluation.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import numpy as np
 import pytest
 from PIL import Image
 from test_hardening_support import ROOT, build_world, free_port, make_trainer, python_env, wait_http
+from test_run_targets_support import build_smoke_demo
 
 from searchrl.rollout.trajectory import read_trajectories
 from searchrl.viewer.server import RunDirError, check_run_dir
@@ -44,10 +48,10 @@ def run_dir(tmp_path_factory) -> Path:
     return root / "run"
 
 
-@pytest.fixture(scope="module")
-def viewer(run_dir):
+def _serve(target: Path):
+    """`searchrl view TARGET` as a real process; yields its URL and stops it afterwards."""
     port = free_port()
-    cmd = [sys.executable, "-m", "searchrl.cli", "view", str(run_dir), "--port", str(port)]
+    cmd = [sys.executable, "-m", "searchrl.cli", "view", str(target), "--port", str(port)]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=python_env(), stderr=subprocess.PIPE, stdout=subprocess.PIPE)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -56,6 +60,21 @@ def viewer(run_dir):
     finally:
         proc.kill()
         proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def viewer(run_dir):
+    yield from _serve(run_dir)
+
+
+@pytest.fixture(scope="module")
+def demo_dir(tmp_path_factory) -> Path:
+    return build_smoke_demo(tmp_path_factory.mktemp("viewer_demo"))
+
+
+@pytest.fixture(scope="module")
+def demo_viewer(demo_dir):
+    yield from _serve(demo_dir)
 
 
 # -------------------------------------------------------------------------------------------------
@@ -131,9 +150,16 @@ def test_trajectory_detail_tokens_kinds_score_and_tool_calls(viewer, run_dir):
     assert call["arguments"]["query"] == traj.tool_calls[0].arguments["query"]
 
 
-def test_view_command_refuses_a_folder_that_is_not_a_run(tmp_path):
-    with pytest.raises(RunDirError, match="trajectories/"):
-        check_run_dir(tmp_path)
+def test_view_command_refuses_what_it_cannot_show_and_says_what_it_can(tmp_path, run_dir):
+    with pytest.raises(RunDirError, match="not a run, a demo or a trajectories file"):
+        check_run_dir(tmp_path)  # an empty folder
+    started = tmp_path / "started"
+    started.mkdir()
+    (started / "config.yaml").write_text("seed: 1\n")  # a run folder, but nothing to show
+    with pytest.raises(RunDirError, match="has no trajectories.*save_trajectories"):
+        check_run_dir(started)
+    with pytest.raises(RunDirError, match="the trajectories/ folder of"):
+        check_run_dir(run_dir / "trajectories")
     out = subprocess.run(
         [sys.executable, "-m", "searchrl.cli", "view", str(tmp_path / "nope")],
         cwd=ROOT,
@@ -142,7 +168,45 @@ def test_view_command_refuses_a_folder_that_is_not_a_run(tmp_path):
         text=True,
         timeout=60,
     )
-    assert out.returncode == 2 and "no such run directory" in out.stderr
+    assert out.returncode == 2 and "no such file or directory" in out.stderr
+    assert "a demo directory" in out.stderr and "trajectories file" in out.stderr
+
+
+def test_one_trajectories_file_is_a_target_of_its_own(run_dir):
+    from fastapi.testclient import TestClient
+
+    from searchrl.viewer.server import create_app
+
+    path = run_dir / "trajectories" / "step-000002.jsonl.gz"
+    client = TestClient(create_app(path))
+    summary = client.get("/api/summary").json()
+    assert summary["kind"] == "trajectories" and [s["id"] for s in summary["sources"]] == ["step-000002"]
+    assert summary["num_trajectories"] == 4 and summary["steps"] == [2]
+    assert summary["tokenizer"] == "checkpoints/step-2/policy"  # the run around the file
+    assert [r["key"] for r in client.get("/api/trajectories").json()["rows"]] == ["2-0", "2-1", "2-2", "2-3"]
+    bad = client.get("/api/trajectories", params={"source": "train"})
+    assert bad.status_code == 422 and "use one of step-000002" in bad.json()["error"]
+
+
+def test_demo_directory_offers_training_and_both_hidden_test_evaluations(demo_viewer, demo_dir):
+    summary = HTTP.get(demo_viewer + "/api/summary").json()
+    assert summary["kind"] == "demo" and summary["trainer"] == "ppo"
+    assert [s["id"] for s in summary["sources"]] == ["train", "sft-test", "ppo-test"]
+    assert summary["source"]["id"] == "train" and summary["steps"] == [1, 2]
+    for name in ("sft-test", "ppo-test"):
+        trajs = read_trajectories(demo_dir / "eval" / f"{name}.jsonl.gz")
+        listed = HTTP.get(demo_viewer + "/api/trajectories", params={"source": name}).json()
+        assert listed["total"] == len(trajs) == 16
+        assert [r["id"] for r in listed["rows"]] == [t.id for t in trajs]
+        assert all(r["step"] is None and r["source"] == name for r in listed["rows"])
+        assert HTTP.get(demo_viewer + "/api/summary", params={"source": name}).json()["steps"] == []
+    detail = HTTP.get(demo_viewer + "/api/trajectories/3", params={"source": "ppo-test"}).json()
+    assert [t["id"] for t in detail["tokens"]] == read_trajectories(demo_dir / "eval" / "ppo-test.jsonl.gz")[
+        3
+    ].input_ids
+    assert detail["has_ppo_values"] is False  # an evaluation: no advantages, KL or values
+    unknown = HTTP.get(demo_viewer + "/api/trajectories", params={"source": "dev"})
+    assert unknown.status_code == 422 and "train, sft-test, ppo-test" in unknown.json()["error"]
 
 
 # -------------------------------------------------------------------------------------------------
@@ -326,3 +390,63 @@ def test_headless_chromium_renders_the_list_and_clicks_through_to_a_trajectory(v
     assert len(colours) > 1 and before not in colours
     pixels = chromium.screenshot()
     assert pixels.std() > 10.0
+
+
+@pytest.mark.slow
+def test_headless_chromium_opens_the_demo_and_chooses_the_hidden_test_evaluation(
+    demo_viewer, demo_dir, chromium, tmp_path
+):
+    ready = "document.body && document.body.dataset.ready === '1' && !!document.querySelector('#traj-table')"
+    chromium.call("Page.navigate", url=demo_viewer + "/")
+    chromium.wait_for(ready)
+    assert chromium.js("document.getElementById('run-name').textContent").endswith("(demo)")
+    options = chromium.js(
+        "[...document.querySelectorAll('#source option')].map(o => [o.value, o.textContent])"
+    )
+    assert [o[0] for o in options] == ["train", "sft-test", "ppo-test"]
+    assert options[1][1].startswith("SFT policy · hidden test split")
+    assert chromium.js("document.querySelectorAll('tr.traj-row').length") == 16  # PPO training: 2 steps x 8
+    assert chromium.js(
+        "[...new Set([...document.querySelectorAll('tr.traj-row')].map(r => r.dataset.source))]"
+    ) == ["train"]
+    # Choose the SFT policy's hidden-test evaluation with the keyboard, as a person would.
+    chromium.js("document.querySelector('#source').focus()")
+    for kind in ("keyDown", "keyUp"):
+        chromium.call(
+            "Input.dispatchKeyEvent", type=kind, key="ArrowDown", code="ArrowDown", windowsVirtualKeyCode=40
+        )
+    chromium.wait_for(f"location.hash === '#/?source=sft-test' && {ready}")
+    assert chromium.js("document.querySelector('#source').value") == "sft-test"
+    assert chromium.js("document.querySelector('#source-title').textContent").startswith("SFT policy")
+    trajs = read_trajectories(demo_dir / "eval" / "sft-test.jsonl.gz")
+    ids = chromium.js("[...document.querySelectorAll('tr.traj-row a.traj-link')].map(a => a.textContent)")
+    assert ids == [t.id for t in trajs]
+    assert chromium.js(
+        "[...new Set([...document.querySelectorAll('tr.traj-row')].map(r => r.dataset.source))]"
+    ) == ["sft-test"]
+    assert chromium.js("document.querySelector('select[name=step]') === null")  # an evaluation has no steps
+    pixels = chromium.screenshot()
+    Image.fromarray(pixels.astype(np.uint8)).save(tmp_path / "demo-sft-test.png")
+    assert pixels.std() > 10.0, "the page rendered blank"
+    # A real click on the fourth row opens that evaluation trajectory, decoded with the run's tokenizer.
+    box = chromium.js(
+        "(() => { const r = document.querySelectorAll('tr.traj-row a.traj-link')[3].getBoundingClientRect();"
+        " return [r.left + r.width / 2, r.top + r.height / 2]; })()"
+    )
+    chromium.click_at(*box)
+    chromium.wait_for(
+        "location.hash.startsWith('#/t/') && document.body.dataset.ready === '1' && !!document.querySelector('#tokens')"
+    )
+    assert chromium.js("location.hash") == "#/t/3?source=sft-test"
+    detail = HTTP.get(demo_viewer + "/api/trajectories/3", params={"source": "sft-test"}).json()
+    assert detail["id"] == trajs[3].id and [t["id"] for t in detail["tokens"]] == trajs[3].input_ids
+    assert chromium.js("document.querySelectorAll('#tokens .tok').length") == len(trajs[3].input_ids)
+    counts = chromium.js(
+        "Object.fromEntries(['prompt','action'].map(k => [k, document.querySelectorAll('#tokens .tok-' + k).length]))"
+    )
+    assert counts == {k: sum(t["kind"] == k for t in detail["tokens"]) for k in ("prompt", "action")}
+    assert chromium.js("document.querySelector('#overview h2').textContent") == f"Trajectory {trajs[3].id}"
+    # Back to the list: still the SFT evaluation.
+    chromium.js("document.querySelector('#back').click()")
+    chromium.wait_for(f"location.hash === '#/?source=sft-test' && {ready}")
+    assert chromium.js("document.querySelectorAll('tr.traj-row').length") == 16

@@ -5,18 +5,29 @@
 library that shapes the numbers, the git commit, seeds, padding side, generation config, a hash of
 the chat template and the search index fingerprint: the facts the seeds say a reproducible RL run
 must pin.
+
+`RunDir` is the writer's view (creating it creates the folders). `RunReader` is the read-only view that
+`searchrl view`, `audit`, `report` and `eval` share: given a path it finds what it is (a demo directory,
+a PPO or GRPO run directory, or one trajectories file), the run's config class (from `manifest.json`'s
+`trainer`), its trajectory sources, eval files, checkpoints, data, index and tokenizer, and refuses
+anything else with a `RunTargetError` that says what a valid target is. It never writes.
 """
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import importlib.metadata
+import json
 import platform
+import re
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from searchrl.common.io import atomic_write_json
 
@@ -131,3 +142,611 @@ class RunDir:
         if not done:
             return None
         return max(done, key=lambda p: int(p.name.split("-")[1]))
+
+
+# -- reading a run: what a path is, and what it holds --------------------------------------------------
+
+RunKind = Literal["demo", "ppo", "grpo", "trajectories"]
+SourceKind = Literal["training", "evaluation"]
+TRAINERS: tuple[str, ...] = ("ppo", "grpo")
+TRAINER_LABELS: dict[str, str] = {"ppo": "PPO", "grpo": "GRPO"}
+VALID_TARGETS = (
+    "a run directory (PPO or GRPO, what `searchrl train` / `searchrl grpo` write: config.yaml, manifest.json, "
+    "metrics.jsonl, trajectories/, checkpoints/), a demo directory (what `searchrl demo` writes: summary.json "
+    "or demo_config.yaml, and ppo/) or one trajectories file (*.jsonl.gz or *.jsonl, e.g. "
+    "RUN/trajectories/step-000001.jsonl.gz or RUN/eval/test-step-2.trajectories.jsonl.gz)"
+)
+# Any of these makes a folder a run directory (a run that has only just started has config.yaml alone).
+RUN_MARKERS: tuple[str, ...] = (
+    "config.yaml",
+    "manifest.json",
+    "metrics.jsonl",
+    "trajectories",
+    "checkpoints",
+)
+_RUN_SUBFOLDERS = ("trajectories", "eval", "checkpoints")
+TRAJECTORY_SUFFIXES: tuple[str, ...] = (".trajectories.jsonl.gz", ".jsonl.gz", ".jsonl")
+# The demo's run directories (folder -> label): PPO always, the GRPO pair with `--compare-grpo`.
+DEMO_RUNS: dict[str, str] = {
+    "ppo": "PPO",
+    "grpo_trl_loop": "GRPO (TRL loop)",
+    "grpo_our_rollout": "GRPO (our rollout)",
+}
+# The demo's evaluations are `eval/<stage>-<split>[-<variant>].json` (sft-test.json, ppo-test.json, ...).
+STAGE_LABELS: dict[str, str] = {"sft": "SFT policy", "ppo": "PPO policy"}
+SPLIT_LABELS: dict[str, str] = {"test": "hidden test split", "dev": "dev split", "train": "train split"}
+_DEMO_EVAL = re.compile(r"^(?P<stage>[a-z0-9_]+?)-(?P<split>test|dev|train)(?:-(?P<variant>.+))?$")
+_STEP_IN_NAME = re.compile(r"(?:^|[-_.])step-(\d+)(?=$|[-_.])")
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+
+
+class RunTargetError(ValueError):
+    """The path is not a demo directory, a run directory or a trajectories file; the message says what is."""
+
+
+def step_of_path(path: str | Path) -> int | None:
+    """The step a file's name carries (`step-000012.jsonl.gz` -> 12, `test-step-2.json` -> 2), else None."""
+    match = _STEP_IN_NAME.search(Path(path).name)
+    return int(match.group(1)) if match else None
+
+
+def trajectory_stem(path: str | Path) -> str:
+    """A trajectories file's name without its suffix (`test-step-2.trajectories.jsonl.gz` -> `test-step-2`)."""
+    name = Path(path).name
+    for suffix in TRAJECTORY_SUFFIXES:
+        if name.endswith(suffix):
+            return name[: -len(suffix)]
+    return Path(path).stem
+
+
+def is_trajectory_file(path: str | Path) -> bool:
+    return Path(path).name.endswith((".jsonl.gz", ".jsonl"))
+
+
+def eval_trajectories_of(json_path: str | Path) -> Path | None:
+    """The trajectories written beside an eval JSON: `<stem>.trajectories.jsonl.gz` (`searchrl eval`) or
+    `<stem>.jsonl.gz` (the demo), if one exists."""
+    path = Path(json_path)
+    stem = path.name[: -len(".json")] if path.name.endswith(".json") else path.name
+    for suffix in (".trajectories.jsonl.gz", ".jsonl.gz", ".trajectories.jsonl", ".jsonl"):
+        candidate = path.with_name(stem + suffix)
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+@dataclass(frozen=True)
+class TrajectorySource:
+    """One set of trajectories a target offers: a training run's steps, or one evaluation's file.
+
+    `id` is what the viewer's `?source=` takes. A training source lists its folder on every `files()` call,
+    so a live run's new steps appear.
+    """
+
+    id: str
+    label: str
+    kind: SourceKind
+    paths: tuple[Path, ...] = ()
+    folder: Path | None = None
+    trainer: str | None = None
+
+    def files(self) -> list[Path]:
+        """The source's files, in step order (training) or as given."""
+        if self.folder is None:
+            return [p for p in self.paths if p.is_file()]
+        if not self.folder.is_dir():
+            return []
+        found = [p for p in self.folder.iterdir() if p.is_file() and is_trajectory_file(p)]
+        return sorted(found, key=lambda p: (step_of_path(p) if step_of_path(p) is not None else -1, p.name))
+
+
+@dataclass(frozen=True)
+class EvalFile:
+    """One evaluation JSON of a run or a demo, with its trajectories file when one was written beside it."""
+
+    path: Path
+    data: dict[str, Any]
+    trajectories: Path | None
+    label: str
+    split: str | None = None
+    stage: str | None = None  # the demo's stage ("sft", "ppo") for its eval/<stage>-test.json files
+    variant: str | None = None  # e.g. "closed-book" for eval/sft-test-closed-book.json
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    @property
+    def stem(self) -> str:
+        return self.path.name[: -len(".json")] if self.path.name.endswith(".json") else self.path.name
+
+    @property
+    def step(self) -> int | None:
+        step = self.data.get("step")
+        return int(step) if isinstance(step, int | float) and not isinstance(step, bool) else None
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    import yaml
+
+    if not path.is_file():
+        return {}
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as e:
+        raise RunTargetError(
+            f"{path}: cannot be read as YAML ({type(e).__name__}: {e}); fix or remove it"
+        ) from None
+    return data if isinstance(data, dict) else {}
+
+
+def _is_demo(folder: Path) -> bool:
+    if not folder.is_dir():
+        return False
+    return (folder / "demo_config.yaml").is_file() or (
+        (folder / "summary.json").is_file() and (folder / "ppo").is_dir()
+    )
+
+
+def _is_run(folder: Path) -> bool:
+    return folder.is_dir() and any((folder / marker).exists() for marker in RUN_MARKERS)
+
+
+def _first_row(path: Path) -> Any:
+    opener = gzip.open if path.name.endswith(".gz") else open
+    try:
+        with opener(path, "rt", encoding="utf-8") as f:
+            for line in f:
+                if line.strip():
+                    return json.loads(line)
+    except (OSError, EOFError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise RunTargetError(
+            f"{path}: cannot be read as JSON lines ({type(e).__name__}: {e}); pass {VALID_TARGETS}"
+        ) from None
+    return None
+
+
+def _has_tokenizer(folder: Path | None) -> bool:
+    return folder is not None and folder.is_dir() and any((folder / f).is_file() for f in _TOKENIZER_FILES)
+
+
+class RunReader:
+    """A read-only view of what `searchrl view / audit / report / eval` are pointed at.
+
+    `RunReader(path)` finds the kind of `path`:
+
+    - ``"demo"``: a `searchrl demo` directory. `root` is its PPO run (`ppo/`), `demo_root` the demo folder,
+      whose `eval/<stage>-test.json` (+ `.jsonl.gz`) are the hidden-test evaluations of the SFT and PPO
+      policies, `summary.json` its summary, `data/` and `index/` its data and search index, `sft/policy`
+      the policy PPO started from.
+    - ``"ppo"`` / ``"grpo"``: a run directory; the trainer is `manifest.json`'s `trainer` (build_manifest's
+      `extra`), else told by `config.yaml`'s fields, else a checkpoint's `trainer_state.json`; a folder
+      with none of them (hand-built, as some tests do) reads as PPO. A run that is a demo's `ppo/`
+      gets the demo's evaluations, data and index too (`demo_root`).
+    - ``"trajectories"``: one `*.jsonl.gz` / `*.jsonl` file of trajectories; when it sits in a run or demo
+      (`RUN/trajectories/`, `RUN/eval/`, `DEMO/eval/`), that run is `enclosing` (metrics, tokenizer).
+
+    Anything else raises `RunTargetError` naming what was wrong and `VALID_TARGETS`. Nothing is written.
+    """
+
+    def __init__(self, target: str | Path) -> None:
+        self.target = Path(target)
+        self.kind: RunKind = "trajectories"
+        self.root: Path | None = None
+        self.demo_root: Path | None = None
+        self.trajectories_file: Path | None = None
+        self.enclosing: RunReader | None = None
+        if not self.target.exists():
+            raise RunTargetError(f"{self.target}: no such file or directory; pass {VALID_TARGETS}")
+        if self.target.is_file():
+            self._open_file(self.target)
+        else:
+            self._open_dir(self.target)
+
+    # -- what the path is ------------------------------------------------------------------------
+    def _open_file(self, path: Path) -> None:
+        if not is_trajectory_file(path):
+            raise RunTargetError(
+                f"{path}: not a trajectories file (*.jsonl.gz or *.jsonl); pass {VALID_TARGETS}"
+            )
+        row = _first_row(path)
+        if row is None:
+            raise RunTargetError(f"{path}: the file is empty (no trajectories); pass {VALID_TARGETS}")
+        if not isinstance(row, dict) or not {"input_ids", "action_mask", "question"} <= set(row):
+            keys = sorted(row)[:8] if isinstance(row, dict) else type(row).__name__
+            raise RunTargetError(
+                f"{path}: JSON lines, but not trajectories (first row: {keys}; a trajectory row has "
+                f"input_ids, action_mask, question, spans, ...); pass {VALID_TARGETS}"
+            )
+        self.kind = "trajectories"
+        self.trajectories_file = path
+        parent = path.parent
+        for folder in (parent.parent, parent) if parent.name in _RUN_SUBFOLDERS else (parent,):
+            if _is_demo(folder) or _is_run(folder):
+                self.enclosing = RunReader(folder)
+                self.root, self.demo_root = self.enclosing.root, self.enclosing.demo_root
+                break
+
+    def _open_dir(self, folder: Path) -> None:
+        if _is_demo(folder):
+            self.kind = "demo"
+            self.demo_root = folder
+            self.root = folder / "ppo" if (folder / "ppo").is_dir() else None
+            return
+        if _is_run(folder):
+            self.root = folder
+            parent = folder.parent
+            if _is_demo(parent) and (parent / "ppo").resolve() == folder.resolve():
+                self.demo_root = parent
+            self.kind = self._detect_trainer(folder)
+            return
+        if folder.name in _RUN_SUBFOLDERS and (_is_run(folder.parent) or _is_demo(folder.parent)):
+            raise RunTargetError(
+                f"{folder}: the {folder.name}/ folder of {folder.parent}, not a run; pass the run directory "
+                f"{folder.parent} (or one file in it)"
+            )
+        if folder.parent.name == "checkpoints" and _is_run(folder.parent.parent):
+            raise RunTargetError(
+                f"{folder}: a checkpoint of the run {folder.parent.parent}; pass the run directory (searchrl eval "
+                f"--run {folder.parent.parent} --checkpoint {folder.name} evaluates this checkpoint)"
+            )
+        raise RunTargetError(
+            f"{folder}: not a run, a demo or a trajectories file: it holds none of "
+            f"{', '.join(RUN_MARKERS)} (a run), nor summary.json or demo_config.yaml with ppo/ (a demo). "
+            f"Pass {VALID_TARGETS}"
+        )
+
+    @staticmethod
+    def _detect_trainer(folder: Path) -> Literal["ppo", "grpo"]:
+        manifest = _read_json(folder / "manifest.json") or {}
+        extra = manifest.get("extra") if isinstance(manifest.get("extra"), dict) else {}
+        trainer = manifest.get("trainer", extra.get("trainer"))
+        if trainer is not None:
+            if trainer not in TRAINERS:
+                raise RunTargetError(
+                    f"{folder / 'manifest.json'}: trainer {trainer!r} is not one of {list(TRAINERS)}; "
+                    f"pass {VALID_TARGETS}"
+                )
+            return "grpo" if trainer == "grpo" else "ppo"
+        config = _read_yaml(folder / "config.yaml")
+        if "num_generations" in config or config.get("mode") in ("trl_loop", "our_rollout"):
+            return "grpo"
+        if config:
+            return "ppo"
+        checkpoints = folder / "checkpoints"
+        states = sorted(checkpoints.glob("step-*/trainer_state.json")) if checkpoints.is_dir() else []
+        for state in states:
+            if (_read_json(state) or {}).get("trainer") == "grpo":
+                return "grpo"
+        return "ppo"
+
+    # -- the run -----------------------------------------------------------------------------------
+    @property
+    def trainer(self) -> str | None:
+        """ "ppo" or "grpo": the trainer of `root`, or None when there is no run (a bare file, a demo before PPO)."""
+        if self.kind in TRAINERS:
+            return self.kind
+        if self.enclosing is not None:
+            return self.enclosing.trainer
+        return "ppo" if self.kind == "demo" and self.root is not None else None
+
+    @property
+    def trainer_label(self) -> str:
+        """ "PPO", "GRPO", or "training" when the trainer is unknown (x axes: "PPO step")."""
+        return TRAINER_LABELS.get(self.trainer or "", "training")
+
+    def describe(self) -> str:
+        what = {
+            "demo": "demo directory",
+            "ppo": "PPO run",
+            "grpo": "GRPO run",
+            "trajectories": "trajectories file",
+        }
+        return f"{what[self.kind]} {self.target}"
+
+    def require_run(self, command: str) -> Path:
+        """`root`, or a RunTargetError saying why `command` needs a run directory here."""
+        if self.root is not None:
+            return self.root
+        if self.kind == "demo":
+            raise RunTargetError(
+                f"{self.target}: this demo has no ppo/ run yet (it stopped, or is still running, before the PPO "
+                f"stage); {command} needs a run directory: rerun `searchrl demo`, or pass a run directory"
+            )
+        raise RunTargetError(
+            f"{self.target}: {command} needs a run directory or a demo directory, not a single trajectories file "
+            f"outside any run; pass {VALID_TARGETS.split(' or one trajectories file')[0]}"
+        )
+
+    @cached_property
+    def manifest(self) -> dict[str, Any]:
+        """`root/manifest.json` ({} when absent or unreadable)."""
+        return (_read_json(self.root / "manifest.json") or {}) if self.root is not None else {}
+
+    @property
+    def config_path(self) -> Path | None:
+        path = self.root / "config.yaml" if self.root is not None else None
+        return path if path is not None and path.is_file() else None
+
+    @cached_property
+    def raw_config(self) -> dict[str, Any]:
+        """`config.yaml` as plain YAML ({} without one): for lookups that must not fail on a partial file."""
+        return _read_yaml(self.config_path) if self.config_path is not None else {}
+
+    def config_class(self) -> type:
+        """`PPOConfig` or `GRPORunConfig`, by the run's trainer."""
+        if self.trainer == "grpo":
+            from searchrl.grpo.config import GRPORunConfig
+
+            return GRPORunConfig
+        from searchrl.ppo.config import PPOConfig
+
+        return PPOConfig
+
+    @cached_property
+    def config(self) -> Any:
+        """The run's `config.yaml` loaded as its trainer's config class; None when the run has none."""
+        from searchrl.common.config import load_config
+
+        if self.config_path is None:
+            return None
+        return load_config(self.config_class(), self.config_path)
+
+    def metrics(self) -> list[dict[str, Any]]:
+        """The rows of `root/metrics.jsonl` (a line that does not parse, such as a killed run's last, is skipped)."""
+        path = self.root / "metrics.jsonl" if self.root is not None else None
+        if path is None or not path.is_file():
+            return []
+        rows = []
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(row, dict):
+                rows.append(row)
+        return rows
+
+    def summary(self) -> dict[str, Any] | None:
+        """The demo's `summary.json` (or a run's own), if there is one."""
+        for folder in (self.demo_root, self.root):
+            if folder is not None and (folder / "summary.json").is_file():
+                return _read_json(folder / "summary.json")
+        return None
+
+    # -- checkpoints and models -------------------------------------------------------------------
+    def checkpoints(self) -> list[Path]:
+        """Complete checkpoints (`checkpoints/step-N/` with `trainer_state.json`), oldest first."""
+        folder = self.root / "checkpoints" if self.root is not None else None
+        if folder is None or not folder.is_dir():
+            return []
+        done = [p for p in folder.glob("step-*") if (p / "trainer_state.json").is_file()]
+        return sorted(done, key=lambda p: step_of_path(p) or 0)
+
+    def latest_checkpoint(self) -> Path | None:
+        done = self.checkpoints()
+        return done[-1] if done else None
+
+    def checkpoint_policy(self, checkpoint: str = "latest") -> tuple[Path, str]:
+        """(policy folder, name) of `latest`, `step-N` or `N`; FileNotFoundError listing what exists."""
+        root = self.require_run("a checkpoint")
+        if checkpoint == "latest":
+            found = self.latest_checkpoint()
+            if found is None:
+                raise FileNotFoundError(
+                    f"{root / 'checkpoints'}: no complete checkpoint (a step-N folder with trainer_state.json); "
+                    "train first, or pass --model PATH"
+                )
+            return found / "policy", found.name
+        name = checkpoint if checkpoint.startswith("step-") else f"step-{checkpoint}"
+        folder = root / "checkpoints" / name
+        if not (folder / "policy").is_dir():
+            available = sorted(p.name for p in (root / "checkpoints").glob("step-*"))
+            raise FileNotFoundError(
+                f"{folder}/policy not found; checkpoints here: {available or 'none'} (use step-N, latest or initial)"
+            )
+        return folder / "policy", name
+
+    def initial_policy(self) -> Path | None:
+        """The policy the run started from: the config's `policy_model_path`, else the demo's `sft/policy`."""
+        path = self.raw_config.get("policy_model_path")
+        if path:
+            return Path(path)
+        if self.demo_root is not None and (self.demo_root / "sft" / "policy").is_dir():
+            return self.demo_root / "sft" / "policy"
+        return None
+
+    def tokenizer_dir(self) -> Path | None:
+        """Where the run's tokenizer lives: the newest checkpoint's `policy/` (complete ones first), the
+        config's `tokenizer_path` / `policy_model_path`, or the demo's `sft/policy`; None if nowhere."""
+        if self.kind == "trajectories":
+            return self.enclosing.tokenizer_dir() if self.enclosing is not None else None
+        candidates: list[Path] = [p / "policy" for p in reversed(self.checkpoints())]
+        if self.root is not None and (self.root / "checkpoints").is_dir():
+            others = sorted(
+                (self.root / "checkpoints").glob("step-*/policy"), key=lambda p: step_of_path(p.parent) or 0
+            )
+            candidates += list(reversed(others))
+        for key in ("tokenizer_path", "policy_model_path"):
+            if self.raw_config.get(key):
+                candidates.append(Path(self.raw_config[key]))
+        if self.demo_root is not None:
+            candidates.append(self.demo_root / "sft" / "policy")
+        return next((c for c in candidates if _has_tokenizer(c)), None)
+
+    # -- data and search ---------------------------------------------------------------------------
+    @property
+    def data_dir(self) -> Path | None:
+        """The folder of the run's question files: the config's train/dev file's folder, else the demo's data/."""
+        for key in ("dev_file", "train_file"):
+            if self.raw_config.get(key):
+                return Path(self.raw_config[key]).parent
+        if self.demo_root is not None and (self.demo_root / "data").is_dir():
+            return self.demo_root / "data"
+        return None
+
+    def split_file(self, split: str) -> Path | None:
+        """`<split>.jsonl` of the run's data: the config's train_file/dev_file by name, else `data_dir`'s."""
+        named = {"train": self.raw_config.get("train_file"), "dev": self.raw_config.get("dev_file")}
+        if named.get(split):
+            return Path(named[split])
+        return self.data_dir / f"{split}.jsonl" if self.data_dir is not None else None
+
+    def question_files(self) -> list[Path]:
+        """Every question file the run names or ships (train, dev, and the demo's test), that exists."""
+        files = [Path(self.raw_config[k]) for k in ("train_file", "dev_file") if self.raw_config.get(k)]
+        if self.data_dir is not None:
+            files += [self.data_dir / f"{split}.jsonl" for split in ("train", "dev", "test")]
+        seen: list[Path] = []
+        for f in files:
+            if f.is_file() and f not in seen:
+                seen.append(f)
+        return seen
+
+    @property
+    def index_dir(self) -> Path | None:
+        """The run's search index: the config's `index_dir`, else the demo's `index/`."""
+        if self.raw_config.get("index_dir"):
+            return Path(self.raw_config["index_dir"])
+        if self.demo_root is not None and (self.demo_root / "index").is_dir():
+            return self.demo_root / "index"
+        return None
+
+    # -- what there is to read ------------------------------------------------------------------------
+    def sub_runs(self) -> dict[str, Path]:
+        """The demo's run directories by label (PPO, and the GRPO pair after `--compare-grpo`); {} otherwise."""
+        if self.kind != "demo" or self.demo_root is None:
+            return {}
+        return {
+            label: self.demo_root / folder
+            for folder, label in DEMO_RUNS.items()
+            if _is_run(self.demo_root / folder)
+        }
+
+    def eval_files(self) -> list[EvalFile]:
+        """The run's `eval/*.json` (dev step-N.json, `searchrl eval` outputs), then the demo's (hidden test)."""
+        if self.kind == "trajectories" and self.enclosing is not None:
+            return self.enclosing.eval_files()
+        out: list[EvalFile] = []
+        if self.root is not None:
+            out += self._eval_folder(self.root / "eval", demo=False)
+        if self.demo_root is not None:
+            out += self._eval_folder(self.demo_root / "eval", demo=True)
+        return out
+
+    def _eval_folder(self, folder: Path, demo: bool) -> list[EvalFile]:
+        if not folder.is_dir():
+            return []
+        out = []
+        for path in sorted(folder.glob("*.json")):
+            if path.name.endswith(".audit.json"):
+                continue  # `searchrl audit FILE` writes its result beside the file; it is not an evaluation
+            data = _read_json(path)
+            if data is None:
+                continue
+            stem = path.name[: -len(".json")]
+            match = _DEMO_EVAL.match(stem) if demo else None
+            stage = match.group("stage") if match else None
+            variant = match.group("variant") if match else None
+            split = data.get("split") or (match.group("split") if match else None)
+            if split is None and not demo and step_of_path(path) is not None and stem.startswith("step-"):
+                split = "dev"  # RUN/eval/step-N.json: the trainer's periodic evaluation on dev
+            if match:
+                label = f"{STAGE_LABELS.get(stage or '', stage)} · {SPLIT_LABELS.get(split or '', split)}"
+                label += f", {variant.replace('-', ' ')}" if variant else ""
+            else:
+                checkpoint = data.get("checkpoint") or (f"step-{data['step']}" if "step" in data else stem)
+                label = f"{checkpoint} · {SPLIT_LABELS.get(split or '', split or 'evaluation')}"
+            out.append(EvalFile(path, data, eval_trajectories_of(path), label, split, stage, variant))
+        stages = list(STAGE_LABELS)
+        # The demo's evaluations in the order the demo ran them (SFT, then PPO); a run's by file name.
+        return sorted(
+            out, key=lambda e: (stages.index(e.stage) if e.stage in stages else len(stages), e.name)
+        )
+
+    def trajectory_sources(self) -> list[TrajectorySource]:
+        """What the viewer offers and the audit reads: training trajectories, then evaluations' files.
+
+        A demo: its PPO run's training steps, the hidden-test evaluations (`eval/sft-test.jsonl.gz`,
+        `eval/ppo-test.jsonl.gz`), the PPO run's own eval trajectories, and the GRPO runs' training steps
+        when the demo trained them. A run: its training steps and eval trajectories. A file: itself.
+        """
+        if self.kind == "trajectories":
+            assert self.trajectories_file is not None
+            known = [e.label for e in self.eval_files() if e.trajectories == self.trajectories_file]
+            return [
+                TrajectorySource(
+                    trajectory_stem(self.trajectories_file),
+                    f"{known[0]} ({self.trajectories_file.name})" if known else self.trajectories_file.name,
+                    "evaluation" if self.trajectories_file.parent.name == "eval" else "training",
+                    paths=(self.trajectories_file,),
+                    trainer=self.trainer,
+                )
+            ]
+        sources: list[TrajectorySource] = []
+        if self.root is not None:
+            sources.append(
+                TrajectorySource(
+                    "train",
+                    f"{self.trainer_label} training ({self._rel(self.root / 'trajectories')}/)",
+                    "training",
+                    folder=self.root / "trajectories",
+                    trainer=self.trainer,
+                )
+            )
+        # The demo's hidden-test evaluations first: they are what the demo is judged by.
+        evals = sorted(self.eval_files(), key=lambda e: e.stage is None)
+        for e in evals:
+            if e.trajectories is None:
+                continue
+            source_id = (
+                e.stem if all(s.id != e.stem for s in sources) else f"{e.path.parent.parent.name}/{e.stem}"
+            )
+            sources.append(
+                TrajectorySource(
+                    source_id,
+                    f"{e.label} ({self._rel(e.trajectories)})",
+                    "evaluation",
+                    paths=(e.trajectories,),
+                )
+            )
+        for label, folder in self.sub_runs().items():
+            if folder == self.root:
+                continue
+            sources.append(
+                TrajectorySource(
+                    f"train:{folder.name}",
+                    f"{label} training ({self._rel(folder / 'trajectories')}/)",
+                    "training",
+                    folder=folder / "trajectories",
+                    trainer=RunReader(folder).trainer,
+                )
+            )
+        return sources
+
+    def _rel(self, path: Path) -> str:
+        base = self.demo_root or self.root or self.target.parent
+        try:
+            return str(path.relative_to(base))
+        except ValueError:
+            return str(path)
+
+    # -- where outputs go ----------------------------------------------------------------------------
+    def audit_path(self) -> Path:
+        """Default `searchrl audit` output: DEMO/audit.json, RUN/audit.json, or FILE's `<stem>.audit.json`."""
+        if self.kind == "trajectories":
+            assert self.trajectories_file is not None
+            return self.trajectories_file.with_name(trajectory_stem(self.trajectories_file) + ".audit.json")
+        return (self.demo_root if self.kind == "demo" else self.root or self.target) / "audit.json"
+
+    def report_path(self) -> Path:
+        """Default `searchrl report` output: DEMO/report.html or RUN/report.html."""
+        return (self.demo_root if self.kind == "demo" else self.root or self.target) / "report.html"

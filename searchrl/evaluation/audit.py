@@ -18,6 +18,12 @@ checkpoints, for the trend check). The checks:
 
 Why: the training reward is a proxy; a rising proxy with a flat or falling gold metric is the signature
 of reward hacking, and the per-trajectory checks say which hack it is.
+
+What `audit_run` reads (through `searchrl.common.run.RunReader`): a run directory (PPO or GRPO) or a demo
+directory (its PPO run) gets the checks on its latest training trajectories and its held-out history,
+plus the same per-trajectory checks on each evaluation's trajectories (`AuditReport.evaluations`: a demo's
+hidden-test evaluations of the SFT and PPO policies, a run's `searchrl eval` outputs); one trajectories
+file gets the checks on that file (with the enclosing run's history and reward config, if it sits in one).
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -36,6 +42,9 @@ from searchrl.rewards.citation import classify_citations
 from searchrl.rewards.qa import contains_answer, exact_match, f1_score, normalize_answer
 from searchrl.rewards.shaping import is_well_formed
 from searchrl.rollout.trajectory import Trajectory, read_trajectories
+
+if TYPE_CHECKING:
+    from searchrl.common.run import RunReader
 
 VERDICTS = ("pass", "warn", "fail", "skipped")
 _SEVERITY = {"skipped": 0, "pass": 1, "warn": 2, "fail": 3}
@@ -133,15 +142,27 @@ class CheckResult:
 
 @dataclass
 class AuditReport:
-    """All checks of one audit; `verdict` is the worst of them."""
+    """All checks of one audit, and the audits of the run's evaluations (`evaluations`, by source id).
+
+    `own_verdict` is the worst of `checks`; `verdict` the worst of that and every evaluation's verdict
+    (what `searchrl audit --strict` exits on).
+    """
 
     checks: list[CheckResult]
     num_trajectories: int
     source: str = ""
+    label: str = ""
+    evaluations: dict[str, AuditReport] = field(default_factory=dict)
+
+    @property
+    def own_verdict(self) -> str:
+        ran = [c.verdict for c in self.checks if c.verdict != "skipped"]
+        return max(ran, key=_SEVERITY.__getitem__) if ran else "skipped"
 
     @property
     def verdict(self) -> str:
-        ran = [c.verdict for c in self.checks if c.verdict != "skipped"]
+        verdicts = [self.own_verdict, *(e.verdict for e in self.evaluations.values())]
+        ran = [v for v in verdicts if v != "skipped"]
         return max(ran, key=_SEVERITY.__getitem__) if ran else "skipped"
 
     def check(self, name: str) -> CheckResult:
@@ -153,10 +174,18 @@ class AuditReport:
     def to_dict(self) -> dict[str, Any]:
         return {
             "verdict": self.verdict,
+            "own_verdict": self.own_verdict,
             "num_trajectories": self.num_trajectories,
             "source": self.source,
+            "label": self.label,
             "checks": [asdict(c) for c in self.checks],
+            "evaluations": {name: e.to_dict() for name, e in self.evaluations.items()},
         }
+
+    def fabricated_citation_rate(self) -> float | None:
+        """Share of cited answers citing an id the episode never retrieved (None: no answer cited anything)."""
+        check = self.check("fabricated_citations")
+        return None if check.verdict == "skipped" else check.value
 
 
 # -- helpers ---------------------------------------------------------------------------------------
@@ -582,12 +611,23 @@ def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
     return rows
 
 
+# The training score of a metrics line: PPOTrainer's `objective/scores`, else TRL GRPO's mean `reward`.
+SCORE_KEYS = ("objective/scores", "reward")
+
+
+def training_score(line: dict[str, Any]) -> float | None:
+    """The mean training score a metrics.jsonl line logged (PPO or GRPO), or None."""
+    for key in SCORE_KEYS:
+        value = line.get(key)
+        if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+            return float(value)
+    return None
+
+
 def _mean_reward_up_to(metrics: list[dict[str, Any]], step: int, window: int) -> float | None:
     """Mean training score of the last `window` logged steps up to `step`."""
     scores = [
-        float(m["objective/scores"])
-        for m in metrics
-        if "objective/scores" in m and int(m.get("step", 0)) <= step
+        score for m in metrics if (score := training_score(m)) is not None and int(m.get("step", 0)) <= step
     ][-window:]
     return float(np.mean(scores)) if scores else None
 
@@ -633,45 +673,47 @@ def eval_history(run_dir: str | Path, split: str | None = None, window: int = 3)
 
 def run_trajectory_files(run_dir: str | Path, last_steps: int | None = 10) -> list[Path]:
     """`RUN/trajectories/*.jsonl.gz` in step order; only the last `last_steps` (None or 0: all)."""
-    files = sorted((Path(run_dir) / "trajectories").glob("*.jsonl*"))
+    from searchrl.common.run import RunReader
+
+    sources = [s for s in RunReader(run_dir).trajectory_sources() if s.id == "train"]
+    files = sources[0].files() if sources else []
     return files[-last_steps:] if last_steps else files
 
 
-def _reward_config_of(run_dir: Path) -> dict[str, Any] | None:
+def _reward_config_of(reader: RunReader) -> dict[str, Any] | None:
     import yaml
 
-    cfg_path = run_dir / "config.yaml"
-    if not cfg_path.exists():
-        return None
-    cfg = yaml.safe_load(cfg_path.read_text(encoding="utf-8")) or {}
-    reward_path = cfg.get("reward_config_path")
+    reward_path = reader.raw_config.get("reward_config_path")
     if not reward_path or not Path(reward_path).exists():
         return None
     return yaml.safe_load(Path(reward_path).read_text(encoding="utf-8")) or {}
 
 
-def _fill_hops(trajs: Sequence[Trajectory], run_dir: Path) -> None:
-    """Give training trajectories their question's hop count (from the run's data files) when they lack it.
+def _fill_hops(trajs: Sequence[Trajectory], reader: RunReader) -> None:
+    """Give trajectories their question's hop count (from the run's question files) when they lack it.
 
-    The rollout does not copy row fields into the trajectory; the spam check's limit scales with hops.
+    The rollout does not copy row fields into training trajectories; the spam check's limit scales with
+    hops. The files are the config's train/dev files, or a demo's data/{train,dev,test}.jsonl.
     """
-    import yaml
-
     missing = [t for t in trajs if t.metadata.get("hops") is None]
-    cfg_path = run_dir / "config.yaml"
-    if not missing or not cfg_path.exists():
+    if not missing:
         return
-    cfg = yaml.safe_load(cfg_path.read_text(encoding="utf-8")) or {}
-    hops: dict[str, Any] = {}
-    for key in ("train_file", "dev_file"):
-        path = cfg.get(key)
-        if path and Path(path).exists():
-            from searchrl.common.io import read_jsonl
+    from searchrl.common.io import read_jsonl
 
-            hops.update({str(r.get("id")): r.get("hops") for r in read_jsonl(path) if "hops" in r})
+    hops: dict[str, Any] = {}
+    for path in reader.question_files():
+        hops.update({str(r.get("id")): r.get("hops") for r in read_jsonl(path) if "hops" in r})
     for t in missing:
         if hops.get(t.question_id) is not None:
             t.metadata["hops"] = hops[t.question_id]
+
+
+def _describe_files(files: Sequence[Path]) -> str:
+    if not files:
+        return "no trajectories"
+    if len(files) == 1:
+        return f"1 trajectory file: {files[0].name}"
+    return f"{len(files)} trajectory file(s): {files[0].name}..{files[-1].name}"
 
 
 def audit_run(
@@ -679,29 +721,57 @@ def audit_run(
     last_steps: int | None = 10,
     thresholds: Thresholds | None = None,
     trajectory_files: Sequence[str | Path] | None = None,
+    evaluations: bool = True,
 ) -> AuditReport:
-    """Audit a run directory: its latest training trajectories, its held-out history and its reward config.
+    """Audit a run, a demo or one trajectories file (see the module docstring for what each reads).
 
-    `trajectory_files` audits those files instead of the training ones (e.g. an eval's
-    `RUN/eval/test-step-N.trajectories.jsonl.gz`, whose episodes know their hop counts).
+    A run or a demo: its latest training trajectories (the last `last_steps` steps; None or 0: all), its
+    held-out history and its reward config; with `evaluations`, each evaluation's trajectories too
+    (`AuditReport.evaluations`). `trajectory_files` audits those files instead of the training ones (and
+    no evaluations). Raises `RunTargetError` (a ValueError naming what is valid) for another path and
+    FileNotFoundError for a missing `trajectory_files` entry or a run with nothing to audit.
     """
-    run_dir = Path(run_dir)
-    if not run_dir.is_dir():
-        raise FileNotFoundError(f"{run_dir}: run directory not found")
-    files = (
-        [Path(f) for f in trajectory_files] if trajectory_files else run_trajectory_files(run_dir, last_steps)
-    )
-    for f in files:
-        if not f.exists():
-            raise FileNotFoundError(f"{f}: trajectory file not found")
+    from searchrl.common.run import RunReader
+
+    reader = RunReader(run_dir)
+    th = thresholds or Thresholds()
+    root = reader.root
+    if trajectory_files:
+        files = [Path(f) for f in trajectory_files]
+        for f in files:
+            if not f.exists():
+                raise FileNotFoundError(f"{f}: trajectory file not found")
+    elif reader.kind == "trajectories":
+        files = [s for src in reader.trajectory_sources() for s in src.files()]
+    else:
+        root = reader.require_run("searchrl audit")
+        files = run_trajectory_files(root, last_steps)
     trajs = [t for f in files for t in read_trajectories(f)]
-    _fill_hops(trajs, run_dir)
-    if not trajs and not (run_dir / "metrics.jsonl").exists():
-        raise FileNotFoundError(
-            f"{run_dir}: no trajectories/*.jsonl.gz and no metrics.jsonl; is this a run directory? "
-            "(train with save_trajectories: true)"
-        )
-    source = (
-        f"{len(files)} trajectory file(s): {files[0].name}..{files[-1].name}" if files else "no trajectories"
+    _fill_hops(trajs, reader)
+    eval_sources = (
+        [s for s in reader.trajectory_sources() if s.kind == "evaluation"]
+        if evaluations and not trajectory_files and reader.kind != "trajectories"
+        else []
     )
-    return audit_trajectories(trajs, eval_history(run_dir), thresholds, _reward_config_of(run_dir), source)
+    if not trajs and not eval_sources and (root is None or not (root / "metrics.jsonl").exists()):
+        raise FileNotFoundError(
+            f"{reader.target}: no trajectories (trajectories/*.jsonl.gz or eval trajectories) and no "
+            "metrics.jsonl, so there is nothing to audit yet (train with save_trajectories: true)"
+        )
+    history = eval_history(root) if root is not None else []
+    reward_config = _reward_config_of(reader)
+    label = (
+        f"{reader.trainer_label} training"
+        if reader.kind != "trajectories"
+        else reader.trajectory_sources()[0].label
+    )
+    report = audit_trajectories(trajs, history, th, reward_config, _describe_files(files))
+    report.label = label
+    for source in eval_sources:
+        eval_files = source.files()
+        eval_trajs = [t for f in eval_files for t in read_trajectories(f)]
+        _fill_hops(eval_trajs, reader)
+        sub = audit_trajectories(eval_trajs, None, th, reward_config, _describe_files(eval_files))
+        sub.label = source.label
+        report.evaluations[source.id] = sub
+    return report

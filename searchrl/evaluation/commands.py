@@ -66,29 +66,49 @@ def _eval_table(summary: dict[str, Any], title: str) -> Any:
 def eval_command(
     run: Annotated[
         Path | None,
-        typer.Option("--run", help="Run directory (config.yaml, checkpoints/); optional with --model."),
+        typer.Option(
+            "--run",
+            help="Run directory (PPO or GRPO) or demo directory: its prompt, protocol, citation style, budgets "
+            "and rubric, and by default its checkpoint, data and index. Optional with --model, --data and "
+            "--index/--corpus.",
+        ),
     ] = None,
     split: Annotated[
         str, typer.Option("--split", help="Split to evaluate: <data dir>/<split>.jsonl (test, dev...).")
     ] = "test",
     checkpoint: Annotated[
-        str,
+        str | None,
         typer.Option(
             "--checkpoint",
-            help="Checkpoint of the run: 'latest', 'step-N', N, or 'initial' (the config's policy_model_path).",
+            help="Checkpoint of the run: 'latest' (default), 'step-N', N, or 'initial' (the policy the run "
+            "started from: policy_model_path, or a demo's sft/policy).",
         ),
-    ] = "latest",
+    ] = None,
     model: Annotated[
         Path | None,
-        typer.Option("--model", help="A plain model folder (policy + tokenizer) instead of a checkpoint."),
+        typer.Option(
+            "--model",
+            help="Any model folder (policy + tokenizer: a base model, the SFT policy, a checkpoint).",
+        ),
     ] = None,
     data: Annotated[
         Path | None,
-        typer.Option("--data", help="Folder of train/dev/test.jsonl (default: the run config's)."),
+        typer.Option(
+            "--data",
+            help="Folder of <split>.jsonl files, or one JSONL file of questions (id, question, golds); default: "
+            "the run's.",
+        ),
     ] = None,
     index: Annotated[
         Path | None,
-        typer.Option("--index", help="Search index folder (default: the run config's index_dir)."),
+        typer.Option("--index", help="Search index folder (`searchrl index`); default: the run's index_dir."),
+    ] = None,
+    corpus: Annotated[
+        Path | None,
+        typer.Option(
+            "--corpus",
+            help="A JSONL corpus (id, title, contents) to index with BM25 for this evaluation, instead of --index.",
+        ),
     ] = None,
     out: Annotated[
         Path | None, typer.Option("--out", help="JSON output (default RUN/eval/<split>-<checkpoint>.json).")
@@ -102,13 +122,13 @@ def eval_command(
         int, typer.Option("--bootstrap", help="Bootstrap resamples for the 95% CIs.", min=1)
     ] = 1000,
 ) -> None:
-    """Evaluate a checkpoint (greedy decoding, the training prompt, retriever and budgets) on a held-out split."""
+    """Evaluate a checkpoint or any model (greedy, the run's prompt, protocol and budgets) on any split and index."""
     from rich.console import Console
 
     from searchrl.evaluation.evaluate import evaluate_run
 
     if run is None and model is None:
-        raise typer.BadParameter("give --run DIR (a training run) or --model PATH (a plain model folder)")
+        raise typer.BadParameter("give --run DIR (a training run or a demo) or --model PATH (a model folder)")
     try:
         result, path = evaluate_run(
             run,
@@ -122,6 +142,7 @@ def eval_command(
             limit=limit,
             seed=seed,
             n_resamples=bootstrap,
+            corpus=corpus,
         )
     except (FileNotFoundError, ValueError) as e:
         raise typer.BadParameter(str(e)) from None
@@ -130,11 +151,12 @@ def eval_command(
     console.print(f"wrote {path}")
 
 
-def _audit_table(report: Any) -> Any:
+def _audit_table(report: Any, title: str | None = None) -> Any:
     from rich.table import Table
 
     table = Table(
-        title=f"reward-hacking audit · verdict: {report.verdict} · {report.num_trajectories} trajectories"
+        title=title
+        or f"reward-hacking audit · verdict: {report.own_verdict} · {report.num_trajectories} trajectories"
     )
     table.add_column("check", no_wrap=True)
     table.add_column("verdict", no_wrap=True)
@@ -159,10 +181,19 @@ def _audit_table(report: Any) -> Any:
 
 def audit_command(
     run: Annotated[
-        Path, typer.Option("--run", help="Run directory to audit (trajectories/, metrics.jsonl, eval/).")
+        Path,
+        typer.Option(
+            "--run",
+            help="What to audit: a run directory (PPO or GRPO), a demo directory (its PPO run and its hidden-test "
+            "evaluations) or one trajectories file (*.jsonl.gz, *.jsonl).",
+        ),
     ],
     json_out: Annotated[
-        Path | None, typer.Option("--json", help="Where to write the audit JSON (default RUN/audit.json).")
+        Path | None,
+        typer.Option(
+            "--json",
+            help="Where to write the audit JSON (default DEMO/audit.json, RUN/audit.json or FILE.audit.json).",
+        ),
     ] = None,
     last_steps: Annotated[
         int,
@@ -170,7 +201,10 @@ def audit_command(
     ] = 10,
     strict: Annotated[
         bool,
-        typer.Option("--strict", help="Exit 1 when any check fails (default: always 0, it is a report)."),
+        typer.Option(
+            "--strict",
+            help="Exit 1 when any check fails, evaluations included (default: always 0, it is a report).",
+        ),
     ] = False,
     trajectories: Annotated[
         list[Path] | None,
@@ -180,31 +214,57 @@ def audit_command(
         ),
     ] = None,
 ) -> None:
-    """Check a run for reward hacking: each check with its threshold, verdict and evidence (trajectory ids)."""
+    """Check for reward hacking: each check with its threshold, verdict and evidence (trajectory ids)."""
     from rich.console import Console
 
     from searchrl.common.io import atomic_write_json
+    from searchrl.common.run import RunReader
     from searchrl.evaluation.audit import audit_run
 
     try:
+        reader = RunReader(run)
         report = audit_run(run, last_steps=last_steps or None, trajectory_files=trajectories)
-    except FileNotFoundError as e:
+    except (FileNotFoundError, ValueError) as e:
         raise typer.BadParameter(str(e)) from None
-    path = json_out or run / "audit.json"
+    path = json_out or reader.audit_path()
     atomic_write_json(path, report.to_dict())
     console = Console()
-    console.print(_audit_table(report))
+    label = report.label or "audit"
+    console.print(
+        _audit_table(
+            report,
+            f"reward-hacking audit · {label} · verdict: {report.own_verdict} · {report.num_trajectories} trajectories",
+        )
+    )
+    for sub in report.evaluations.values():
+        console.print(
+            _audit_table(
+                sub,
+                f"evaluation · {sub.label} · verdict: {sub.verdict} · {sub.num_trajectories} trajectories",
+            )
+        )
+    if report.evaluations:
+        console.print(f"overall verdict: {report.verdict}")
     console.print(f"wrote {path}")
     if strict and report.verdict == "fail":
         raise typer.Exit(code=1)
 
 
 def report_command(
-    run: Annotated[Path, typer.Option("--run", help="Run directory to report on.")],
-    out: Annotated[Path | None, typer.Option("--out", help="HTML output (default RUN/report.html).")] = None,
+    run: Annotated[
+        Path,
+        typer.Option(
+            "--run",
+            help="A run directory (PPO or GRPO) or a demo directory (its PPO run, summary.json, hidden-test "
+            "evaluations and, after --compare-grpo, the trainers side by side).",
+        ),
+    ],
+    out: Annotated[
+        Path | None, typer.Option("--out", help="HTML output (default DEMO/report.html or RUN/report.html).")
+    ] = None,
     summary: Annotated[
         Path | None,
-        typer.Option("--summary", help="A summary JSON to show (default RUN/summary.json if present)."),
+        typer.Option("--summary", help="A summary JSON to show (default: the demo's or RUN/summary.json)."),
     ] = None,
     trajectories: Annotated[
         int, typer.Option("--trajectories", help="Full trajectories to render.", min=0)
@@ -214,11 +274,12 @@ def report_command(
         typer.Option(
             "--compare",
             help="LABEL=DIR: a run drawn in the trainers-side-by-side plots (dev EM against wall-clock and "
-            'episodes); repeatable, e.g. --compare PPO=runs/demo/ppo --compare "GRPO (our rollout)"=runs/g.',
+            'episodes); repeatable, e.g. --compare PPO=runs/demo/ppo --compare "GRPO (our rollout)"=runs/g. '
+            "A demo directory with GRPO runs compares them without it.",
         ),
     ] = None,
 ) -> None:
-    """Write one self-contained report.html: curves, eval tables, audit verdicts, rendered trajectories."""
+    """Write one self-contained report.html: curves, headline figures, eval tables, audit, trajectories."""
     from searchrl.evaluation.report import write_report
 
     data = json.loads(summary.read_text(encoding="utf-8")) if summary is not None else None

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -344,46 +345,52 @@ class EvalTarget:
 
 
 def load_run_config(run_dir: str | Path) -> Any:
-    """The run's `config.yaml` as a `PPOConfig` (the training settings evaluation must reuse)."""
-    from searchrl.common.config import load_config
-    from searchrl.ppo.config import PPOConfig
+    """The run's `config.yaml` as its trainer's config (`PPOConfig` or `GRPORunConfig`, from manifest.json).
 
-    path = Path(run_dir) / "config.yaml"
-    if not path.exists():
+    `run_dir` may also be a demo directory (its PPO run's config). Raises FileNotFoundError when the run
+    has no config.yaml and `RunTargetError` (a ValueError) when the path is not a run at all.
+    """
+    from searchrl.common.run import RunReader
+
+    reader = RunReader(run_dir)
+    root = reader.require_run("searchrl eval")
+    if reader.config is None:
         raise FileNotFoundError(
-            f"{path}: no config.yaml, so {run_dir} is not a run directory written by `searchrl train`; "
-            "pass --model, --data and --index to evaluate a plain model folder"
+            f"{root / 'config.yaml'}: no config.yaml, so {root} is not a run directory written by `searchrl train` "
+            "or `searchrl grpo`; pass --model, --data and --index to evaluate a plain model folder"
         )
-    return load_config(PPOConfig, path)
+    return reader.config
 
 
 def resolve_checkpoint(run_dir: str | Path, checkpoint: str = "latest") -> tuple[Path, str]:
-    """(policy folder, checkpoint name) for `latest`, `step-N` or `N` in `RUN/checkpoints/`."""
-    from searchrl.common.run import RunDir
+    """(policy folder, checkpoint name) for `latest`, `step-N` or `N` in `RUN/checkpoints/` (read only)."""
+    from searchrl.common.run import RunReader
 
-    run = RunDir(run_dir)
-    if checkpoint == "latest":
-        found = run.latest_checkpoint()
-        if found is None:
-            raise FileNotFoundError(
-                f"{run.checkpoints}: no complete checkpoint (a step-N folder with trainer_state.json); "
-                "train first, or pass --model PATH"
-            )
-        return found / "policy", found.name
-    name = checkpoint if checkpoint.startswith("step-") else f"step-{checkpoint}"
-    folder = run.checkpoints / name
-    if not (folder / "policy").is_dir():
-        available = sorted(p.name for p in run.checkpoints.glob("step-*"))
-        raise FileNotFoundError(
-            f"{folder}/policy not found; checkpoints here: {available or 'none'} (use step-N or latest)"
-        )
-    return folder / "policy", name
+    return RunReader(run_dir).checkpoint_policy(checkpoint)
 
 
 def split_file(config: Any, split: str, data_dir: str | Path | None) -> Path:
-    """`<data dir>/<split>.jsonl`; the data dir is `data_dir` or the folder of the run's train/dev file."""
+    """The questions to evaluate: `data_dir` itself when it is a file, else `<data dir>/<split>.jsonl`.
+
+    The data dir is `data_dir` or the folder of the run config's train/dev file. Raises FileNotFoundError
+    saying what to pass when neither names one, or when the folder has no such split.
+    """
     if data_dir is not None:
-        return Path(data_dir) / f"{split}.jsonl"
+        path = Path(data_dir)
+        if path.is_file():
+            return path
+        if not path.exists():
+            raise FileNotFoundError(
+                f"--data {path}: no such file or folder; pass a folder of <split>.jsonl files or one JSONL file of "
+                "questions (rows with id, question, golds)"
+            )
+        if not (path / f"{split}.jsonl").is_file():
+            present = sorted(p.name for p in path.glob("*.jsonl"))
+            raise FileNotFoundError(
+                f"--data {path}: no {split}.jsonl in this folder (it has {present or 'no .jsonl files'}); pass "
+                "--split NAME for one of them, or --data FILE"
+            )
+        return path / f"{split}.jsonl"
     if config is not None:
         known = {"train": config.train_file, "dev": config.dev_file}
         if known.get(split):
@@ -393,17 +400,17 @@ def split_file(config: Any, split: str, data_dir: str | Path | None) -> Path:
                 return Path(anchor).parent / f"{split}.jsonl"
     raise FileNotFoundError(
         f"cannot tell where the {split!r} split lives: the run config names no train_file/dev_file; "
-        "pass --data DIR (the folder of train/dev/test.jsonl)"
+        "pass --data DIR (the folder of train/dev/test.jsonl) or --data FILE (a JSONL file of questions)"
     )
 
 
 def env_config_from_ppo(config: Any) -> Any:
-    """The `EnvConfig` a `PPOConfig` implies (budgets, top-k, deadline): training's environment."""
+    """The `EnvConfig` a `PPOConfig` (or a `GRPORunConfig`, same field names) implies: training's environment."""
     return config.env_config()
 
 
 def generation_config_from_ppo(config: Any) -> GenerationConfig:
-    """The rollout limits of a `PPOConfig` as a `GenerationConfig` (temperature set by the caller)."""
+    """The rollout limits of a `PPOConfig` (or `GRPORunConfig`) as a `GenerationConfig` (temperature set by the caller)."""
     return GenerationConfig(
         temperature=config.temperature,
         top_p=config.top_p,
@@ -435,7 +442,7 @@ def evaluate_with_ppo_limits(
 
 
 def run_env_config(run_dir: str | Path | None, config: Any) -> Any:
-    """`RUN/env.yaml` (an `EnvConfig`) when the run recorded one, else what its `PPOConfig` implies."""
+    """`RUN/env.yaml` (an `EnvConfig`) when the run recorded one, else what its config implies."""
     from searchrl.common.config import load_config
     from searchrl.env.environment import EnvConfig
 
@@ -451,12 +458,18 @@ def open_search(config: Any, index_dir: str | Path | None) -> Any:
     from searchrl.search.index import load_index
 
     if index_dir is not None:
+        if not Path(index_dir).is_dir():
+            raise FileNotFoundError(
+                f"--index {index_dir}: no such folder; pass a folder built by `searchrl index`, or --corpus FILE "
+                "(rows with id, title, contents) to index one for this evaluation"
+            )
         return load_index(index_dir)
-    if config is not None and config.search_backend == "http":
+    url = getattr(config, "search_url", None) if config is not None else None
+    if url and getattr(config, "search_backend", "http") == "http":
         from searchrl.search.client import HTTPBackend
 
         return HTTPBackend(
-            config.search_url,
+            url,
             read_timeout=config.search_timeout_s,
             token=os.environ.get("SEARCHRL_SERVE_TOKEN"),
         )
@@ -464,14 +477,38 @@ def open_search(config: Any, index_dir: str | Path | None) -> Any:
         return load_index(config.index_dir)
     raise FileNotFoundError(
         "no search index: the run config names no index_dir and --index was not given; build one with "
-        "`searchrl index --corpus FILE --out DIR` and pass --index DIR"
+        "`searchrl index --corpus FILE --out DIR` and pass --index DIR, or pass --corpus FILE"
     )
+
+
+def _resolve_model(
+    reader: Any, config: Any, model: str | Path | None, checkpoint: str | None
+) -> tuple[Path, str]:
+    """(model folder, name for file names) from --model, or the run's checkpoint (latest/step-N/initial)."""
+    if model is not None:
+        if checkpoint not in (None, "latest"):
+            raise ValueError(
+                f"--model {model} and --checkpoint {checkpoint} both name the model to evaluate; give one of them"
+            )
+        return Path(model), Path(model).name
+    if reader is None:
+        raise ValueError("give a run directory (--run) or a model folder (--model)")
+    if checkpoint == "initial":
+        # The policy the run started from (e.g. the SFT warm start): the baseline every gain is measured against.
+        initial = reader.initial_policy()
+        if initial is None:
+            raise ValueError(
+                f"--checkpoint initial needs a run whose config.yaml names policy_model_path ({reader.root} names "
+                "none and is not a demo's PPO run); pass --model DIR instead"
+            )
+        return initial, "initial"
+    return reader.checkpoint_policy(checkpoint or "latest")
 
 
 def evaluate_run(
     run_dir: str | Path | None,
     split: str = "test",
-    checkpoint: str = "latest",
+    checkpoint: str | None = "latest",
     model: str | Path | None = None,
     data_dir: str | Path | None = None,
     index_dir: str | Path | None = None,
@@ -483,48 +520,129 @@ def evaluate_run(
     env_config: Any = None,
     generation_config: GenerationConfig | None = None,
     rubric: Any = None,
+    corpus: str | Path | None = None,
+    generator_factory: GeneratorFactory | None = None,
 ) -> tuple[EvalResult, Path]:
-    """Evaluate a run's checkpoint (or a plain model folder) on a split; write JSON and trajectories.
+    """Evaluate a run's checkpoint, or any model folder, on a split; write JSON and trajectories.
+
+    The run (`run_dir`: a PPO or GRPO run directory, or a demo directory, read through `RunReader`) gives
+    the prompt, protocol, citation style, budgets, rubric and, by default, the data, index and model. Any
+    of them can be replaced: `model` (a base model, the SFT policy, a checkpoint folder; or `checkpoint`
+    `latest` / `step-N` / `initial` = the run's starting policy, `policy_model_path` or the demo's
+    `sft/policy`), `data_dir` (a folder of `<split>.jsonl` or one JSONL file; rows need id, question,
+    golds), `index_dir` (a `searchrl index` folder) or `corpus` (a JSONL corpus with id, title, contents,
+    indexed with BM25 into a temporary folder for this evaluation), and `env_config`,
+    `generation_config`, `rubric`. Without a run, `model`, `data_dir` and an index or corpus are needed.
+    `generator_factory` swaps the rollout engine, as in `evaluate_policy` (tests force turns through it).
 
     The JSON goes to `RUN/eval/<split>-<checkpoint>.json` (or `output`), the trajectories beside it as
-    `<same name>.trajectories.jsonl.gz`. Data, index, budgets and rubric come from the run's config
-    unless overridden (`env_config`, `generation_config` and `rubric` replace what the config implies,
-    e.g. to evaluate an SFT model with exactly the environment PPO will use). Returns the result and the
-    JSON path.
+    `<same name>.trajectories.jsonl.gz`. Returns the result and the JSON path.
     """
+    from searchrl.common.run import RunReader, RunTargetError
+
+    if corpus is not None and index_dir is not None:
+        raise ValueError("--index and --corpus both name the search engine; give one of them")
+    if corpus is not None and not Path(corpus).is_file():
+        raise FileNotFoundError(f"--corpus {corpus}: no such file; pass a JSONL corpus (id, title, contents)")
+    reader = RunReader(run_dir) if run_dir is not None else None
+    if reader is not None and reader.kind == "trajectories":
+        raise RunTargetError(
+            f"--run {run_dir}: searchrl eval needs a run directory or a demo directory (its config, checkpoints, "
+            "data and index), not a trajectories file; pass the run the file came from"
+        )
+    root = reader.require_run("searchrl eval") if reader is not None else None
+    config = load_run_config(run_dir) if run_dir is not None else None
+    model_dir, name = _resolve_model(reader, config, model, checkpoint)
+    if not model_dir.is_dir():
+        raise FileNotFoundError(f"{model_dir}: model folder not found")
+    if data_dir is None and reader is not None and reader.split_file(split) is not None:
+        data_dir = reader.split_file(split)
+        if not Path(data_dir).is_file():
+            raise FileNotFoundError(
+                f"{data_dir}: the run has no {split!r} split there; pass --data DIR or --data FILE"
+            )
+    uses_url = (
+        bool(getattr(config, "search_url", None)) and getattr(config, "search_backend", "http") == "http"
+    )
+    if (
+        index_dir is None
+        and corpus is None
+        and reader is not None
+        and reader.index_dir is not None
+        and not uses_url
+    ):
+        index_dir = reader.index_dir
+    rows_path = split_file(config, split, data_dir)
+
+    def run(backend: Any, search: dict[str, str]) -> tuple[EvalResult, Path]:
+        return _evaluate_target(
+            reader,
+            root,
+            config,
+            model_dir,
+            name,
+            rows_path,
+            limit,
+            backend,
+            search,
+            output,
+            dict(
+                split=split,
+                env_config=env_config,
+                generation_config=generation_config,
+                rubric=rubric,
+                batch_size=batch_size,
+                seed=seed,
+                n_resamples=n_resamples,
+                generator_factory=generator_factory,
+            ),
+        )
+
+    if corpus is not None:
+        from searchrl.search.index import build_index
+
+        with tempfile.TemporaryDirectory(prefix="searchrl-eval-index-") as tmp:
+            return run(build_index(corpus, Path(tmp) / "index", backend="bm25"), {"corpus": str(corpus)})
+    backend = open_search(config, index_dir)
+    return run(
+        backend, {"index": str(index_dir if index_dir is not None else getattr(config, "search_url", ""))}
+    )
+
+
+def _evaluate_target(
+    reader: Any,
+    root: Path | None,
+    config: Any,
+    model_dir: Path,
+    name: str,
+    rows_path: Path,
+    limit: int | None,
+    backend: Any,
+    search: dict[str, str],
+    output: str | Path | None,
+    options: dict[str, Any],
+) -> tuple[EvalResult, Path]:
     from searchrl.common.io import atomic_write_json
     from searchrl.data.datasets import load_qa
     from searchrl.env.environment import SearchEnvironment
     from searchrl.models.tiny import load_policy, load_tokenizer
     from searchrl.rollout.trajectory import write_trajectories
 
-    config = load_run_config(run_dir) if run_dir is not None else None
-    if model is not None:
-        model_dir, name = Path(model), Path(model).name
-    elif checkpoint == "initial":
-        # The policy PPO started from (e.g. the SFT warm start): the baseline every gain is measured against.
-        if config is None or not config.policy_model_path:
-            raise ValueError("--checkpoint initial needs a run whose config.yaml names policy_model_path")
-        model_dir, name = Path(config.policy_model_path), "initial"
-    elif run_dir is not None:
-        model_dir, name = resolve_checkpoint(run_dir, checkpoint)
-    else:
-        raise ValueError("give a run directory (--run) or a model folder (--model)")
-    if not model_dir.is_dir():
-        raise FileNotFoundError(f"{model_dir}: model folder not found")
-    rows = load_qa(split_file(config, split, data_dir), limit=limit)
-    backend = open_search(config, index_dir)
+    split = options.get("split")
+    rows = load_qa(rows_path, limit=limit)
     tok_dir = model_dir if (model_dir / "tokenizer_config.json").exists() else None
     if tok_dir is None and config is not None and config.tokenizer_path:
         tok_dir = Path(config.tokenizer_path)
+    if tok_dir is None and reader is not None:
+        tok_dir = reader.tokenizer_dir()
     if tok_dir is None:
         raise FileNotFoundError(
             f"{model_dir}: no tokenizer files here and the run config names no tokenizer_path"
         )
     tokenizer = load_tokenizer(tok_dir)
     policy = load_policy(model_dir)
-    env_cfg = env_config if env_config is not None else run_env_config(run_dir, config)
-    gen_cfg = generation_config or (
+    env_cfg = options["env_config"] if options["env_config"] is not None else run_env_config(root, config)
+    gen_cfg = options["generation_config"] or (
         generation_config_from_ppo(config)
         if config is not None
         else GenerationConfig(max_new_tokens_per_turn=64, max_episode_tokens=env_cfg.max_total_tokens)
@@ -535,13 +653,14 @@ def evaluate_run(
         rows,
         lambda: SearchEnvironment(backend, env_cfg, tokenizer=tokenizer),
         gen_cfg,
-        rubric=rubric if rubric is not None else _run_rubric(config),
-        batch_size=batch_size,
-        seed=seed,
-        n_resamples=n_resamples,
+        rubric=options["rubric"] if options["rubric"] is not None else _run_rubric(config),
+        batch_size=options["batch_size"],
+        seed=options["seed"],
+        n_resamples=options["n_resamples"],
+        generator_factory=options["generator_factory"],
     )
     if output is None:
-        base = Path(run_dir) / "eval" if run_dir is not None else model_dir.parent / "eval"
+        base = root / "eval" if root is not None else model_dir.parent / "eval"
         output = base / f"{split}-{name}.json"
     output = Path(output)
     step = 0 if name == "initial" else _step_of(name)
@@ -550,6 +669,10 @@ def evaluate_run(
         "checkpoint": name,
         "step": step,
         "model": str(model_dir),
+        "run": None if root is None else str(root),
+        "trainer": None if reader is None else reader.trainer,
+        "data": str(rows_path),
+        **search,
         "num_questions": len(rows),
         "generation_config": result.generation_config,
         "env_config": dataclasses.asdict(env_cfg),

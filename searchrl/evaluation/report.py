@@ -11,6 +11,17 @@ Trainers side by side (`compare={"PPO": dir, "GRPO (TRL loop)": dir, ...}`): eac
 training wall-clock seconds and against episodes, as inline SVG (the points are in the page, so a test or
 a person can read them back), plus a table of final EM, wall-clock, episodes and seconds per step.
 
+At a glance (the top of the page): next to exact match, the figures a reader should not have to dig
+for: the hidden-test evaluations' citation support and fabricated-citation rate (from the demo summary and
+the audit of each evaluation's trajectories), the dev exact match, `rollout/logprob_max_abs_diff` (max
+over the run and at the last step: the rollout engine's logprobs against the trainer's forward pass) and
+`objective/kl` (mean and last).
+
+What it reads (`searchrl.common.run.RunReader`): a run directory (PPO or GRPO; x axes say "PPO step" or
+"GRPO step", and GRPO's TRL names `reward`, `kl`, `entropy` stand in for PPO's), or a demo directory: its
+PPO run, `summary.json`, the hidden-test evaluations in `DEMO/eval/` and, after `--compare-grpo`, the
+trainers side by side. A PPO run that is a demo's `ppo/` gets the demo's evaluations too.
+
 Why self-contained: a report is mailed, attached to an issue or opened from a cluster's scratch disk;
 inline CSS and images mean nothing has to be fetched and nothing breaks when the run folder moves.
 """
@@ -29,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from searchrl.common.io import atomic_write_text
+from searchrl.common.run import DEMO_RUNS, STAGE_LABELS, EvalFile, RunReader, RunTargetError
 from searchrl.evaluation import HEADLINE_METRICS
 from searchrl.evaluation.audit import AuditReport, audit_run, read_metrics
 from searchrl.rollout.trajectory import Trajectory, read_trajectories
@@ -46,6 +58,28 @@ LINE_PLOTS: dict[str, tuple[str, tuple[tuple[str, str], ...]]] = {
     "Searches per episode": ("tool calls", (("tools/calls_per_episode", "calls / episode"),)),
     "Answer length": ("words", (("answer/length_words", "answer words"),)),
 }
+
+# TRL's GRPO logs under its own names; the plots and the headline read PPO's, so a GRPO line gets both.
+GRPO_METRIC_ALIASES: dict[str, str] = {
+    "objective/scores": "reward",
+    "objective/kl": "kl",
+    "objective/entropy_per_token": "entropy",
+}
+
+
+def normalise_metrics(metrics: Sequence[dict[str, Any]], trainer: str | None) -> list[dict[str, Any]]:
+    """The metrics lines with PPO's names filled in from GRPO's (`GRPO_METRIC_ALIASES`) for a GRPO run."""
+    if trainer != "grpo":
+        return list(metrics)
+    out = []
+    for line in metrics:
+        line = dict(line)
+        for ppo_name, grpo_name in GRPO_METRIC_ALIASES.items():
+            if ppo_name not in line and grpo_name in line:
+                line[ppo_name] = line[grpo_name]
+        out.append(line)
+    return out
+
 
 CSS = """
 body { font-family: -apple-system, Segoe UI, Helvetica, Arial, sans-serif; margin: 2em auto; max-width: 1100px;
@@ -94,7 +128,7 @@ def _png(fig: Any) -> str:
     return base64.b64encode(buf.getvalue()).decode("ascii")
 
 
-def _new_figure() -> tuple[Any, Any]:
+def _new_figure(xlabel: str = "step") -> tuple[Any, Any]:
     import matplotlib
 
     matplotlib.use("Agg")  # no display on a training box
@@ -102,7 +136,7 @@ def _new_figure() -> tuple[Any, Any]:
 
     fig, ax = plt.subplots(figsize=(5.2, 3.0))
     ax.grid(alpha=0.3)
-    ax.set_xlabel("PPO step")
+    ax.set_xlabel(xlabel)
     return fig, ax
 
 
@@ -113,14 +147,18 @@ def _close(fig: Any) -> None:
 
 
 def line_plot(
-    metrics: Sequence[dict[str, Any]], title: str, ylabel: str, keys: Sequence[tuple[str, str]]
+    metrics: Sequence[dict[str, Any]],
+    title: str,
+    ylabel: str,
+    keys: Sequence[tuple[str, str]],
+    xlabel: str = "step",
 ) -> str | None:
     """A base64 PNG of the given metric keys over steps, or None if none of them was logged."""
     drawn = [(label, *_series(metrics, key)) for key, label in keys]
     drawn = [d for d in drawn if d[1]]
     if not drawn:
         return None
-    fig, ax = _new_figure()
+    fig, ax = _new_figure(xlabel)
     for label, xs, ys in drawn:
         ax.plot(xs, ys, marker="o" if len(xs) < 30 else None, markersize=3, label=label)
     ax.set_title(title)
@@ -132,23 +170,27 @@ def line_plot(
         _close(fig)
 
 
-def reward_components_plot(metrics: Sequence[dict[str, Any]]) -> str | None:
+def reward_components_plot(metrics: Sequence[dict[str, Any]], xlabel: str = "step") -> str | None:
     """The weighted reward components (`reward/<name>`, metrics-only terms left out) over steps."""
     keys = sorted(
         {k for m in metrics for k in m if k.startswith("reward/") and not k.startswith("reward/metric/")}
     )
     return line_plot(
-        metrics, "Reward components", "weighted contribution", [(k, k[len("reward/") :]) for k in keys]
+        metrics,
+        "Reward components",
+        "weighted contribution",
+        [(k, k[len("reward/") :]) for k in keys],
+        xlabel=xlabel,
     )
 
 
-def kl_plot(metrics: Sequence[dict[str, Any]]) -> str | None:
+def kl_plot(metrics: Sequence[dict[str, Any]], xlabel: str = "step") -> str | None:
     """KL to the reference (left axis) and the KL coefficient (right axis) over steps."""
     kx, ky = _series(metrics, "objective/kl")
     cx, cy = _series(metrics, "kl_coef")
     if not kx and not cx:
         return None
-    fig, ax = _new_figure()
+    fig, ax = _new_figure(xlabel)
     ax.plot(kx, ky, color="#0969da", label="KL (nats / trajectory)")
     ax.set_ylabel("KL", color="#0969da")
     ax2 = ax.twinx()
@@ -161,7 +203,9 @@ def kl_plot(metrics: Sequence[dict[str, Any]]) -> str | None:
         _close(fig)
 
 
-def heldout_plot(metrics: Sequence[dict[str, Any]], evals: Sequence[dict[str, Any]]) -> str | None:
+def heldout_plot(
+    metrics: Sequence[dict[str, Any]], evals: Sequence[dict[str, Any]], xlabel: str = "step"
+) -> str | None:
     """Dev EM logged during training plus every eval JSON with a step (test split points with CI bars)."""
     dx, dy = _series(metrics, "eval/exact_match")
     points: dict[str, list[tuple[float, float, float, float]]] = {}
@@ -174,7 +218,7 @@ def heldout_plot(metrics: Sequence[dict[str, Any]], evals: Sequence[dict[str, An
         )
     if not dx and not points:
         return None
-    fig, ax = _new_figure()
+    fig, ax = _new_figure(xlabel)
     if dx:
         ax.plot(dx, dy, marker="o", markersize=3, label="dev EM (training log)")
     for split, pts in sorted(points.items()):
@@ -193,19 +237,22 @@ def heldout_plot(metrics: Sequence[dict[str, Any]], evals: Sequence[dict[str, An
         _close(fig)
 
 
-def build_plots(metrics: Sequence[dict[str, Any]], evals: Sequence[dict[str, Any]]) -> list[tuple[str, str]]:
-    """(title, base64 PNG) of every plot that has data, in reading order."""
+def build_plots(
+    metrics: Sequence[dict[str, Any]], evals: Sequence[dict[str, Any]], xlabel: str = "step"
+) -> list[tuple[str, str]]:
+    """(title, base64 PNG) of every plot that has data, in reading order; `xlabel` names the x axis
+    ("PPO step", "GRPO step": the run's trainer)."""
 
     def line(title: str) -> tuple[str, str | None]:
         ylabel, keys = LINE_PLOTS[title]
-        return title, line_plot(metrics, title, ylabel, keys)
+        return title, line_plot(metrics, title, ylabel, keys, xlabel=xlabel)
 
     made: list[tuple[str, str | None]] = [
         line("Training reward"),
-        ("Reward components", reward_components_plot(metrics)),
-        ("Held-out exact match", heldout_plot(metrics, evals)),
+        ("Reward components", reward_components_plot(metrics, xlabel)),
+        ("Held-out exact match", heldout_plot(metrics, evals, xlabel)),
         line("Training reward vs held-out EM"),
-        ("KL and KL coefficient", kl_plot(metrics)),
+        ("KL and KL coefficient", kl_plot(metrics, xlabel)),
         line("Entropy per action token"),
         line("Searches per episode"),
         line("Answer length"),
@@ -323,6 +370,179 @@ def audit_table(report: AuditReport) -> str:
     return _table(
         ["check", "verdict", "value", "threshold", "flagged", "evidence (trajectory ids)"], rows, "audit"
     )
+
+
+# -- at a glance: the figures next to exact match -----------------------------------------------------
+
+
+def _numbers(metrics: Sequence[dict[str, Any]], key: str) -> list[tuple[int, float]]:
+    xs, ys = _series(metrics, key)
+    return [(int(x), y) for x, y in zip(xs, ys, strict=True)]
+
+
+@dataclass
+class HeldOutRow:
+    """One hidden-test (or held-out) evaluation in the at-a-glance table."""
+
+    label: str
+    exact_match: float | None
+    ci: list[float] | None
+    citation_support: float | None
+    fabricated_rate: float | None
+    fabricated: str
+    n: Any
+
+
+def _fabricated(audit: AuditReport | None) -> tuple[float | None, str]:
+    """The audit's fabricated-citation rate and its counts ("2/10 cited answers, 3 of 14 citations")."""
+    if audit is None:
+        return None, "no trajectories audited"
+    check = audit.check("fabricated_citations")
+    if check.verdict == "skipped":
+        return None, "no answer cited a document"
+    detail = f"{check.num_flagged}/{check.num_checked} cited answers"
+    if "citations" in check.details:
+        detail += (
+            f", {check.details.get('fabricated_citations', 0)} of {check.details['citations']} citations"
+        )
+    return check.value, detail
+
+
+def held_out_rows(
+    summary: dict[str, Any] | None,
+    evals: Sequence[EvalFile],
+    eval_audits: Mapping[Path, AuditReport],
+) -> list[HeldOutRow]:
+    """The demo summary's stages with a `test` summary (SFT, PPO, ...), then every other test-split eval
+    JSON: exact match [CI], citation support, fabricated-citation rate (the audit of its trajectories)."""
+    rows: list[HeldOutRow] = []
+    covered: set[Path] = set()
+    for stage in _stages_with_test_metrics(summary or {}):
+        test = summary[stage]["test"]  # type: ignore[index]
+        match = next((e for e in evals if e.stage == stage and e.variant is None and e.split == "test"), None)
+        audit = eval_audits.get(match.trajectories) if match is not None and match.trajectories else None
+        if match is not None:
+            covered.add(match.path)
+        rate, detail = _fabricated(audit)
+        label = STAGE_LABELS.get(stage) or f"{DEMO_RUNS.get(stage, stage)} policy"
+        rows.append(
+            HeldOutRow(
+                f"{label} ({stage}.test)",
+                _number(test.get("exact_match")),
+                (test.get("ci95") or {}).get("exact_match"),
+                _number(test.get("citation_support")),
+                rate,
+                detail,
+                test.get("n", (match.data.get("n") if match is not None else None) or ""),
+            )
+        )
+    for e in evals:
+        if e.path in covered or e.split != "test" or "exact_match" not in e.data:
+            continue
+        audit = eval_audits.get(e.trajectories) if e.trajectories else None
+        rate, detail = _fabricated(audit)
+        rows.append(
+            HeldOutRow(
+                f"{e.label} ({e.name})",
+                _number(e.data.get("exact_match")),
+                (e.data.get("ci95") or {}).get("exact_match"),
+                _number(e.data.get("citation_support")),
+                rate,
+                detail,
+                e.data.get("n", ""),
+            )
+        )
+    return rows
+
+
+def held_out_table(rows: Sequence[HeldOutRow]) -> str:
+    cells = []
+    for r in rows:
+        ci = f" [{_fmt(r.ci[0])}, {_fmt(r.ci[1])}]" if r.ci else ""
+        cells.append(
+            [
+                html.escape(r.label),
+                "n/a" if r.exact_match is None else _fmt(r.exact_match) + ci,
+                "n/a" if r.citation_support is None else _fmt(r.citation_support),
+                ("n/a" if r.fabricated_rate is None else _fmt(r.fabricated_rate))
+                + f" <span class='meta'>({html.escape(r.fabricated)})</span>",
+                _fmt(r.n),
+            ]
+        )
+    return _table(
+        ["held-out evaluation", "exact match [95% CI]", "citation support", "fabricated-citation rate", "n"],
+        cells,
+        "glance-heldout",
+    )
+
+
+def training_glance_rows(metrics: Sequence[dict[str, Any]], trainer_label: str) -> list[list[str]]:
+    """Dev EM (last), `rollout/logprob_max_abs_diff` (max over the run, last) and `objective/kl` (mean, last)."""
+    missing = f"not logged ({trainer_label} run)"
+    rows: list[list[str]] = []
+    em = _numbers(metrics, "eval/exact_match")
+    rows.append(
+        ["dev exact match (eval/exact_match)"]
+        + (
+            [f"{em[-1][1]:.3f} at step {em[-1][0]}", f"best {max(v for _, v in em):.3f}"]
+            if em
+            else [missing, ""]
+        )
+    )
+    gap = _numbers(metrics, "rollout/logprob_max_abs_diff")
+    if gap:
+        worst = max(gap, key=lambda p: p[1])
+        rows.append(
+            [
+                "rollout/logprob_max_abs_diff",
+                f"max {worst[1]:.3g} (step {worst[0]})",
+                f"last {gap[-1][1]:.3g} (step {gap[-1][0]})",
+            ]
+        )
+    else:
+        rows.append(["rollout/logprob_max_abs_diff", missing, ""])
+    kl = _numbers(metrics, "objective/kl")
+    if kl:
+        mean = sum(v for _, v in kl) / len(kl)
+        rows.append(
+            [
+                "objective/kl",
+                f"mean {mean:.4g} over {len(kl)} steps",
+                f"last {kl[-1][1]:.4g} (step {kl[-1][0]})",
+            ]
+        )
+    else:
+        rows.append(["objective/kl", missing, ""])
+    return rows
+
+
+def glance_section(
+    metrics: Sequence[dict[str, Any]],
+    trainer_label: str,
+    summary: dict[str, Any] | None,
+    evals: Sequence[EvalFile],
+    eval_audits: Mapping[Path, AuditReport],
+) -> str:
+    """The "At a glance" section: held-out results with their citation figures, and training diagnostics."""
+    parts = ["<h2>At a glance</h2>"]
+    rows = held_out_rows(summary, evals, eval_audits)
+    if rows:
+        parts.append(held_out_table(rows))
+        parts.append(
+            "<p class='meta'>Citation support: answers whose cited, retrieved document contains the answer. "
+            "Fabricated-citation rate: answers citing a document id the episode never retrieved, among the "
+            "answers that cite (the audit's <code>fabricated_citations</code> check on the evaluation's "
+            "trajectories).</p>"
+        )
+    body = training_glance_rows(metrics, trainer_label)
+    parts.append(
+        _table(
+            [f"{trainer_label} training", "value", ""],
+            [[html.escape(c) for c in r] for r in body],
+            "glance-training",
+        )
+    )
+    return "".join(parts)
 
 
 # -- trajectories -------------------------------------------------------------------------------------
@@ -629,37 +849,38 @@ def comparison_section(compare: Mapping[str, str | Path]) -> str:
 # -- the page -----------------------------------------------------------------------------------------
 
 
-def _read_evals(run_dir: Path) -> list[tuple[str, dict[str, Any]]]:
-    out = []
-    for path in sorted((run_dir / "eval").glob("*.json")):
-        try:
-            out.append((path.name, json.loads(path.read_text(encoding="utf-8"))))
-        except (OSError, json.JSONDecodeError):
-            continue
-    return out
+def _latest_trajectories(reader: RunReader) -> list[Trajectory]:
+    """The last training step's trajectories, else the first evaluation's (what the page renders)."""
+    sources = reader.trajectory_sources()
+    for source in [s for s in sources if s.id == "train"] + [s for s in sources if s.kind == "evaluation"]:
+        files = source.files()
+        if files:
+            return read_trajectories(files[-1])
+    return []
 
 
-def _latest_trajectories(run_dir: Path) -> list[Trajectory]:
-    files = sorted((run_dir / "trajectories").glob("*.jsonl*"))
-    if files:
-        return read_trajectories(files[-1])
-    evals = sorted((run_dir / "eval").glob("*.trajectories.jsonl.gz"))
-    return read_trajectories(evals[-1]) if evals else []
-
-
-def _tokenizer_of(run_dir: Path) -> Any:
-    """The run's tokenizer (from its latest checkpoint) to decode spans; None if it cannot be loaded."""
-    from searchrl.common.run import RunDir
-
-    ckpt = RunDir(run_dir).latest_checkpoint()
-    if ckpt is None or not (ckpt / "policy" / "tokenizer_config.json").exists():
+def _tokenizer_of(reader: RunReader) -> Any:
+    """The run's tokenizer (`RunReader.tokenizer_dir`) to decode spans; None if it cannot be loaded."""
+    folder = reader.tokenizer_dir()
+    if folder is None or not (folder / "tokenizer_config.json").exists():
         return None
     try:
         from searchrl.models.tiny import load_tokenizer
 
-        return load_tokenizer(ckpt / "policy")
+        return load_tokenizer(folder)
     except (OSError, ValueError):
         return None
+
+
+def _eval_audits(reader: RunReader, audit: AuditReport | None) -> dict[Path, AuditReport]:
+    """Each evaluation's audit by its trajectories file (the audit keys them by trajectory source id)."""
+    if audit is None:
+        return {}
+    out: dict[Path, AuditReport] = {}
+    for source in reader.trajectory_sources():
+        if source.kind == "evaluation" and source.id in audit.evaluations and source.paths:
+            out[source.paths[0]] = audit.evaluations[source.id]
+    return out
 
 
 def write_report(
@@ -673,38 +894,52 @@ def write_report(
     title: str | None = None,
     compare: Mapping[str, str | Path] | None = None,
 ) -> Path:
-    """Write the run's `report.html` (or `out`) and return its path. See the module docstring.
+    """Write the report of a run or a demo (`DEMO/report.html`, `RUN/report.html`, or `out`); return its path.
+
+    `run_dir` is a run directory (PPO or GRPO) or a demo directory (see the module docstring); a bare
+    trajectories file is refused (`RunTargetError`: use `searchrl view` or `searchrl audit` for one).
 
     `compare` maps a label ("PPO", "GRPO (TRL loop)", ...) to a run directory: the page then gets the
     trainers-side-by-side section (read from each run's `eval/step-N.json`; a run without any is refused
-    with a ValueError naming it).
+    with a ValueError naming it). A demo directory with GRPO runs compares its runs without it.
 
-    `summary` (e.g. the demo's summary.json) is shown as a table; without it `RUN/summary.json` is used
-    if present. `audit` defaults to `audit_run(run_dir)`; `trajectories` to the latest training step's;
-    `tokenizer` to the latest checkpoint's (spans fall back to their stored text without one).
+    `summary` (e.g. the demo's summary.json) is shown as a table; without it the demo's (or
+    `RUN/summary.json`) is used if present. `audit` defaults to `audit_run(run_dir)` (with the
+    evaluations' audits); `trajectories` to the latest training step's; `tokenizer` to the run's (spans
+    fall back to their stored text without one).
     """
-    run_dir = Path(run_dir)
-    if not run_dir.is_dir():
-        raise FileNotFoundError(f"{run_dir}: run directory not found")
-    out = Path(out) if out is not None else run_dir / "report.html"
-    metrics = read_metrics(run_dir)
-    evals = _read_evals(run_dir)
-    if summary is None and (run_dir / "summary.json").exists():
-        summary = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
+    reader = RunReader(run_dir)
+    if reader.kind == "trajectories":
+        raise RunTargetError(
+            f"{reader.target}: searchrl report needs a run directory or a demo directory, not one trajectories "
+            f"file; read a file with `searchrl view {reader.target}` or `searchrl audit --run {reader.target}`"
+        )
+    root = reader.require_run("searchrl report")
+    out = Path(out) if out is not None else reader.report_path()
+    metrics = normalise_metrics(reader.metrics(), reader.trainer)
+    evals = reader.eval_files()
+    if summary is None:
+        summary = reader.summary()
     if audit is None:
         try:
             audit = audit_run(run_dir)
         except FileNotFoundError:
             audit = None
-    trajs = list(trajectories) if trajectories is not None else _latest_trajectories(run_dir)
-    tok = tokenizer if tokenizer is not None else _tokenizer_of(run_dir)
+    trajs = list(trajectories) if trajectories is not None else _latest_trajectories(reader)
+    tok = tokenizer if tokenizer is not None else _tokenizer_of(reader)
+    if compare is None and len(reader.sub_runs()) > 1:
+        compare = reader.sub_runs()
     side_by_side = comparison_section(compare) if compare else None  # before writing: refuse bad runs
+    xlabel = f"{reader.trainer_label} step"
+    name = title or (reader.demo_root.name if reader.kind == "demo" and reader.demo_root else root.name)
 
     parts = [
         "<!DOCTYPE html><html><head><meta charset='utf-8'>",
-        f"<title>{html.escape(title or run_dir.name)} · searchrl report</title><style>{CSS}</style></head><body>",
-        f"<h1>searchrl run report: {html.escape(title or run_dir.name)}</h1>",
-        f"<p class='meta'>{len(metrics)} logged steps · {len(evals)} eval file(s) · run folder {html.escape(str(run_dir))}</p>",
+        f"<title>{html.escape(name)} · searchrl report</title><style>{CSS}</style></head><body>",
+        f"<h1>searchrl run report: {html.escape(name)}</h1>",
+        f"<p class='meta'>{html.escape(reader.describe())} · {reader.trainer_label} run {html.escape(str(root))} · "
+        f"{len(metrics)} logged steps · {len(evals)} eval file(s)</p>",
+        glance_section(metrics, reader.trainer_label, summary, evals, _eval_audits(reader, audit)),
     ]
     if summary:
         parts.append("<h2>Summary</h2>")
@@ -715,30 +950,40 @@ def write_report(
     if side_by_side:
         parts.append(side_by_side)
     parts.append("<h2>Training curves</h2>")
-    plots = build_plots(metrics, [e for _, e in evals])
+    plots = build_plots(metrics, [e.data for e in evals], xlabel)
     if plots:
         figs = "".join(
             f"<figure><img class='plot' alt='{html.escape(t)}' src='data:image/png;base64,{png}'></figure>"
             for t, png in plots
         )
-        parts.append(f"<div class='plots'>{figs}</div>")
+        parts.append(f"<p class='meta'>x axis: {html.escape(xlabel)}.</p><div class='plots'>{figs}</div>")
     else:
         parts.append("<p>No metrics logged yet (metrics.jsonl is missing or empty).</p>")
-    held_out = [(n, e) for n, e in evals if "by_hops" in e]
+    held_out = [e for e in evals if "by_hops" in e.data]
     if held_out:
         parts.append("<h2>Held-out evaluation</h2>")
-        for name, e in held_out:
+        for e in held_out:
             parts.append(
-                f"<h3>{html.escape(name)} · split {html.escape(str(e.get('split')))} · {html.escape(str(e.get('checkpoint')))}</h3>"
+                f"<h3>{html.escape(e.name)} · {html.escape(e.label)} · split {html.escape(str(e.split))} · "
+                f"{html.escape(str(e.data.get('checkpoint', e.stage or '')))}</h3>"
             )
-            parts.append(eval_table(e))
+            parts.append(eval_table(e.data))
     if audit is not None:
         parts += [
             "<h2>Reward-hacking audit</h2>",
-            f"<p>Overall verdict: <span class='verdict-{audit.verdict}'>{audit.verdict}</span> over "
-            f"{audit.num_trajectories} trajectories ({html.escape(audit.source)}).</p>",
+            f"<p>Overall verdict: <span class='verdict-{audit.verdict}'>{audit.verdict}</span>. "
+            f"{html.escape(audit.label or 'Training')}: <span class='verdict-{audit.own_verdict}'>"
+            f"{audit.own_verdict}</span> over {audit.num_trajectories} trajectories "
+            f"({html.escape(audit.source)}).</p>",
             audit_table(audit),
         ]
+        for sub in audit.evaluations.values():
+            parts += [
+                f"<h3>Audit of {html.escape(sub.label)}</h3>",
+                f"<p>Verdict: <span class='verdict-{sub.verdict}'>{sub.verdict}</span> over "
+                f"{sub.num_trajectories} trajectories ({html.escape(sub.source)}).</p>",
+                audit_table(sub),
+            ]
     chosen = pick_trajectories(trajs, num_trajectories)
     if chosen:
         parts += [

@@ -1,4 +1,4 @@
-"""`searchrl view RUN`: serve the trajectory viewer over a run directory on 127.0.0.1."""
+"""`searchrl view TARGET`: serve the trajectory viewer over a run, a demo or a trajectories file on 127.0.0.1."""
 
 from __future__ import annotations
 
@@ -11,25 +11,34 @@ from searchrl.viewer.server import RunDirError, check_run_dir
 
 
 def view_command(
-    run: Annotated[Path, typer.Argument(help="Run directory (a training run's output_dir).")],
+    run: Annotated[
+        Path,
+        typer.Argument(
+            help="A run directory (PPO or GRPO output_dir), a demo directory (runs/demo: its PPO training and "
+            "the SFT / PPO hidden-test evaluations), or one trajectories file (*.jsonl.gz, *.jsonl)."
+        ),
+    ],
     host: Annotated[
         str, typer.Option("--host", help="Bind address; 127.0.0.1 (default) keeps the page local.")
     ] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", min=1, max=65535, help="TCP port of the page.")] = 8765,
 ) -> None:
-    """Browse a run's trajectories: filter them, then read one token by token with its advantages and KL."""
+    """Browse trajectories: pick a source (training, an evaluation), filter, then read one token by token."""
     try:
-        check_run_dir(run)
+        reader = check_run_dir(run)
     except RunDirError as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(2) from None
     from searchrl.viewer.server import serve
 
-    typer.echo(f"searchrl viewer: http://{host}:{port}/  (run {run}; Ctrl-C to stop)")
+    sources = ", ".join(s.id for s in reader.trajectory_sources())
+    typer.echo(
+        f"searchrl viewer: http://{host}:{port}/  ({reader.describe()}; sources: {sources}; Ctrl-C to stop)"
+    )
     serve(run, host=host, port=port)
 
 
 def register(app: typer.Typer) -> None:
-    app.command("view", help="Serve the trajectory viewer for a run directory (local web page).")(
-        view_command
-    )
+    app.command(
+        "view", help="Serve the trajectory viewer for a run, a demo or a trajectories file (local web page)."
+    )(view_command)

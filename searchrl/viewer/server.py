@@ -1,9 +1,15 @@
-"""The trajectory viewer: a local web page over one run directory.
+"""The trajectory viewer: a local web page over a run, a demo, or one trajectories file.
 
-What: `create_app(run_dir)` is a small FastAPI app that serves one HTML page (vanilla JS, no CDN, no
-external assets) and a JSON API over `RUN/trajectories/*.jsonl.gz`:
+What: `create_app(target)` is a small FastAPI app that serves one HTML page (vanilla JS, no CDN, no
+external assets) and a JSON API over the target's trajectory sources (`searchrl.common.run.RunReader`):
+a run's training steps (`RUN/trajectories/step-*.jsonl.gz`) and its evaluations' trajectories
+(`RUN/eval/*.trajectories.jsonl.gz`); for a demo directory also the hidden-test evaluations of the SFT
+and PPO policies (`DEMO/eval/sft-test.jsonl.gz`, `ppo-test.jsonl.gz`) and, after `--compare-grpo`, the
+GRPO runs' training steps; for a single file, that file. Every endpoint takes ``source`` (an id from
+``/api/summary``; default: the first source, a run's training steps):
 
-* ``GET /api/summary``                  run name, steps, termination reasons, counts, tokenizer source;
+* ``GET /api/summary``                  target, kind, the sources, and for the chosen source its steps,
+  termination reasons, counts and the tokenizer used;
 * ``GET /api/trajectories``             the list, filtered by ``step``, ``min_reward``, ``max_reward``,
   ``correct`` (``yes``/``no``: exact match against the golds), ``termination`` and ``q`` (text);
 * ``GET /api/trajectories/{key}``       one trajectory token by token: text, kind (prompt / action /
@@ -15,9 +21,9 @@ Why a viewer: a search agent's failures are quiet (a timeout is an observation, 
 defanged text, a reward lands on one token); reading one trajectory with its per-token numbers is the
 fastest way to see what the policy was rewarded for.
 
-Token texts are decoded one id at a time with the run's own tokenizer (the newest checkpoint's
-``policy/`` folder), loaded from disk only: nothing is downloaded. Without a checkpoint the page still
-works and shows the spans' text instead of per-token pieces.
+Token texts are decoded one id at a time with the run's own tokenizer (`RunReader.tokenizer_dir`: the
+newest checkpoint's ``policy/`` folder, else the starting policy's), loaded from disk only: nothing is
+downloaded. Without one the page still works and shows the spans' text instead of per-token pieces.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from typing import Any
 from fastapi import FastAPI, HTTPException, Query
 from fastapi.responses import JSONResponse, Response
 
+from searchrl.common.run import RunReader, RunTargetError, TrajectorySource, step_of_path
 from searchrl.rewards.qa import exact_match
 from searchrl.rollout.trajectory import TERMINATION_REASONS, Trajectory, read_trajectories
 
@@ -44,46 +51,44 @@ STATIC_FILES = {
 CORRECT_CHOICES = ("yes", "no")
 
 
-class RunDirError(ValueError):
-    """The folder is not a run directory the viewer can read; the message says what is missing."""
+# The error `searchrl view` reports for a bad target: the reader's, under the name this module always had.
+RunDirError = RunTargetError
 
 
 @dataclass
 class Entry:
-    """One trajectory and where it came from."""
+    """One trajectory and where it came from: its source, step (None for an evaluation) and position."""
 
     key: str
-    step: int
+    step: int | None
     index: int
     file: str
     traj: Trajectory
+    source: str = "train"
 
 
-def check_run_dir(run_dir: str | Path) -> Path:
-    """The run directory as a Path, or a `RunDirError` saying what is wrong and how to get one."""
-    root = Path(run_dir)
-    if not root.exists():
-        raise RunDirError(f"{root}: no such run directory; pass the output_dir of a training run")
-    if not root.is_dir():
-        raise RunDirError(f"{root}: not a directory; pass the run's folder, not a file in it")
-    if not (root / "trajectories").is_dir():
+def check_run_dir(target: str | Path) -> RunReader:
+    """The target's reader, or a `RunDirError` saying what is wrong and what the viewer accepts.
+
+    Accepted: a run directory (PPO or GRPO), a demo directory, or one trajectories file. A target with
+    no trajectories at all (no `trajectories/` folder and no evaluation trajectories) is refused.
+    """
+    reader = RunReader(target)
+    sources = reader.trajectory_sources()
+    if not any(s.files() or (s.folder is not None and s.folder.is_dir()) for s in sources):
         raise RunDirError(
-            f"{root}: has no trajectories/ folder; train with save_trajectories on "
-            "(PPOConfig.save_trajectories=True) so the run writes trajectories/step-*.jsonl.gz"
+            f"{reader.target}: has no trajectories: no trajectories/ folder and no evaluation trajectories. "
+            "Train with save_trajectories on (PPOConfig / GRPORunConfig save_trajectories: true) so the run "
+            "writes trajectories/step-*.jsonl.gz, or run `searchrl eval --run RUN` (it writes "
+            "RUN/eval/*.trajectories.jsonl.gz); or pass a trajectories file"
         )
-    return root
+    return reader
 
 
 def step_of_file(path: Path) -> int:
     """`step-000012.jsonl.gz` -> 12; files with another name sort first (step -1)."""
-    stem = path.name.split(".")[0]
-    number = stem.rpartition("-")[2]
-    return int(number) if number.isdigit() else -1
-
-
-def checkpoint_step(path: Path) -> int:
-    number = path.name.rpartition("-")[2]
-    return int(number) if number.isdigit() else -1
+    step = step_of_path(path)
+    return -1 if step is None else step
 
 
 def _finite(x: Any) -> float | None:
@@ -95,61 +100,76 @@ def _finite(x: Any) -> float | None:
 
 
 class RunData:
-    """Reads a run directory's trajectories, re-reading a file only when it changed (a live run grows)."""
+    """Reads a target's trajectory sources, re-reading a file only when it changed (a live run grows)."""
 
-    def __init__(self, run_dir: str | Path) -> None:
-        self.root = check_run_dir(run_dir)
+    def __init__(self, target: str | Path) -> None:
+        self.reader = check_run_dir(target)
+        self.root = self.reader.target
         self._files: dict[Path, tuple[float, list[Entry]]] = {}
         self._lock = threading.Lock()
         self._tokenizer: Any = None
         self._tokenizer_source: str | None = None
         self._tokenizer_tried = False
 
-    # -- trajectories ----------------------------------------------------------------------------
-    def entries(self) -> list[Entry]:
-        files = sorted((self.root / "trajectories").glob("*.jsonl*"), key=lambda p: (step_of_file(p), p.name))
+    # -- sources and trajectories -----------------------------------------------------------------
+    def sources(self) -> list[TrajectorySource]:
+        """Listed again on every call: a live run's first trajectories or a new evaluation appear."""
+        return self.reader.trajectory_sources()
+
+    def source(self, source_id: str | None) -> TrajectorySource:
+        """The source named `source_id` (the first one when None); KeyError naming the ids otherwise."""
+        sources = self.sources()
+        if source_id is None:
+            return sources[0]
+        for s in sources:
+            if s.id == source_id:
+                return s
+        raise KeyError(source_id)
+
+    def entries(self, source_id: str | None = None) -> list[Entry]:
+        source = self.source(source_id)
         out: list[Entry] = []
         with self._lock:
-            for path in files:
-                out.extend(self._read_file(path))
+            for path in source.files():
+                out.extend(self._read_file(path, source))
         return out
 
-    def _read_file(self, path: Path) -> list[Entry]:
+    def _read_file(self, path: Path, source: TrajectorySource) -> list[Entry]:
         mtime = path.stat().st_mtime
         cached = self._files.get(path)
-        if cached is not None and cached[0] == mtime:
+        if cached is not None and cached[0] == mtime and all(e.source == source.id for e in cached[1]):
             return cached[1]
-        file_step = step_of_file(path)
+        file_step = step_of_path(path)
         entries = []
         for i, traj in enumerate(read_trajectories(path)):
-            step = int(traj.metadata.get("step", file_step))
-            entries.append(Entry(key=f"{step}-{i}", step=step, index=i, file=path.name, traj=traj))
+            raw = traj.metadata.get("step", file_step)
+            step = int(raw) if raw is not None else None
+            key = f"{step}-{i}" if step is not None else str(i)
+            entries.append(Entry(key=key, step=step, index=i, file=path.name, traj=traj, source=source.id))
         self._files[path] = (mtime, entries)
         return entries
 
-    def get(self, key: str) -> Entry:
-        for entry in self.entries():
+    def get(self, key: str, source_id: str | None = None) -> Entry:
+        for entry in self.entries(source_id):
             if entry.key == key:
                 return entry
         raise KeyError(key)
 
     # -- tokenizer -------------------------------------------------------------------------------
     def tokenizer(self) -> Any:
-        """The newest checkpoint's tokenizer (local files only), or None when the run has none."""
+        """The run's tokenizer (local files only, `RunReader.tokenizer_dir`), or None when it has none."""
         if not self._tokenizer_tried:
             self._tokenizer_tried = True
-            candidates = sorted(
-                (p for p in (self.root / "checkpoints").glob("step-*/policy") if p.is_dir()),
-                key=lambda p: checkpoint_step(p.parent),
-                reverse=True,
-            )
-            for path in candidates:
-                if (path / "tokenizer.json").exists() or (path / "tokenizer_config.json").exists():
-                    from transformers import AutoTokenizer
+            path = self.reader.tokenizer_dir()
+            if path is not None:
+                from transformers import AutoTokenizer
 
-                    self._tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-                    self._tokenizer_source = str(path.relative_to(self.root))
-                    break
+                self._tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+                base = self.reader.demo_root or self.reader.root
+                try:
+                    self._tokenizer_source = str(path.relative_to(base)) if base is not None else str(path)
+                except ValueError:
+                    self._tokenizer_source = str(path)
         return self._tokenizer
 
     @property
@@ -169,6 +189,7 @@ def summary_row(entry: Entry) -> dict[str, Any]:
     t = entry.traj
     return {
         "key": entry.key,
+        "source": entry.source,
         "step": entry.step,
         "index": entry.index,
         "id": t.id,
@@ -332,12 +353,23 @@ def _static(name: str) -> bytes:
     return resources.files("searchrl.viewer").joinpath("static", name).read_bytes()
 
 
-def create_app(run_dir: str | Path) -> FastAPI:
-    """The viewer app over `run_dir` (checked at once: a bad folder fails here, not on first request)."""
-    data = RunData(run_dir)
+def create_app(target: str | Path) -> FastAPI:
+    """The viewer app over `target` (checked at once: a bad path fails here, not on first request)."""
+    data = RunData(target)
     data.tokenizer()  # load it now (importing transformers takes seconds), not inside the first request
     app = FastAPI(title="searchrl trajectory viewer", version="1")
     app.state.data = data
+
+    def pick(source: str | None) -> TrajectorySource:
+        try:
+            return data.source(source or None)
+        except KeyError:
+            ids = [s.id for s in data.sources()]
+            raise HTTPException(
+                422, f"source={source!r}: use one of {', '.join(ids)} (see /api/summary)"
+            ) from None
+
+    source_query = Query(None, description="Trajectory source id from /api/summary (default: the first).")
 
     @app.get("/", include_in_schema=False)
     def index() -> Response:
@@ -354,14 +386,27 @@ def create_app(run_dir: str | Path) -> FastAPI:
         return {"status": "ok", "run": str(data.root)}
 
     @app.get("/api/summary")
-    def summary() -> dict[str, Any]:
-        entries = data.entries()
+    def summary(source: str | None = source_query) -> dict[str, Any]:
+        chosen = pick(source)
+        entries = data.entries(chosen.id)
         rewards = [e.traj.reward for e in entries if e.traj.reward is not None]
         return {
             "run": data.root.name,
             "path": str(data.root),
+            "kind": data.reader.kind,
+            "trainer": data.reader.trainer,
+            "sources": [
+                {"id": s.id, "label": s.label, "kind": s.kind, "files": len(s.files())}
+                for s in data.sources()
+            ],
+            "source": {
+                "id": chosen.id,
+                "label": chosen.label,
+                "kind": chosen.kind,
+                "trainer": chosen.trainer,
+            },
             "num_trajectories": len(entries),
-            "steps": sorted({e.step for e in entries}),
+            "steps": sorted({e.step for e in entries if e.step is not None}),
             "terminations": [r for r in TERMINATION_REASONS if any(e.traj.termination == r for e in entries)],
             "all_terminations": list(TERMINATION_REASONS),
             "reward_min": _finite(min(rewards)) if rewards else None,
@@ -372,7 +417,8 @@ def create_app(run_dir: str | Path) -> FastAPI:
 
     @app.get("/api/trajectories")
     def list_trajectories(
-        step: int | None = Query(None, description="Only this PPO step."),
+        source: str | None = source_query,
+        step: int | None = Query(None, description="Only this training step."),
         min_reward: float | None = Query(None, description="Only rewards >= this."),
         max_reward: float | None = Query(None, description="Only rewards <= this."),
         correct: str | None = Query(None, description="'yes' or 'no': exact match against the golds."),
@@ -380,6 +426,7 @@ def create_app(run_dir: str | Path) -> FastAPI:
         q: str | None = Query(None, description="Text in the question, answer, id or golds."),
         limit: int = Query(500, ge=1, le=10000, description="Most rows to return."),
     ) -> dict[str, Any]:
+        chosen = pick(source)
         correct = correct or None
         termination = termination or None
         if correct is not None and correct not in CORRECT_CHOICES:
@@ -389,17 +436,22 @@ def create_app(run_dir: str | Path) -> FastAPI:
                 422, f"termination={termination!r}: use one of {', '.join(TERMINATION_REASONS)}"
             )
         hits = [
-            e for e in data.entries() if matches(e, step, min_reward, max_reward, correct, termination, q)
+            e
+            for e in data.entries(chosen.id)
+            if matches(e, step, min_reward, max_reward, correct, termination, q)
         ]
-        return {"total": len(hits), "rows": [summary_row(e) for e in hits[:limit]]}
+        return {"total": len(hits), "source": chosen.id, "rows": [summary_row(e) for e in hits[:limit]]}
 
     @app.get("/api/trajectories/{key}")
-    def one_trajectory(key: str) -> dict[str, Any]:
+    def one_trajectory(key: str, source: str | None = source_query) -> dict[str, Any]:
+        chosen = pick(source)
         try:
-            entry = data.get(key)
+            entry = data.get(key, chosen.id)
         except KeyError:
             raise HTTPException(
-                404, f"no trajectory {key!r}; keys look like STEP-INDEX, see /api/trajectories"
+                404,
+                f"no trajectory {key!r} in source {chosen.id!r}; keys look like STEP-INDEX (training) or INDEX "
+                f"(an evaluation), see /api/trajectories?source={chosen.id}",
             ) from None
         return detail(entry, data.tokenizer())
 
@@ -410,9 +462,9 @@ def create_app(run_dir: str | Path) -> FastAPI:
     return app
 
 
-def serve(run_dir: str | Path, host: str = "127.0.0.1", port: int = 8765, log_level: str = "warning") -> None:
-    """Serve the viewer with uvicorn until interrupted."""
+def serve(target: str | Path, host: str = "127.0.0.1", port: int = 8765, log_level: str = "warning") -> None:
+    """Serve the viewer over `target` (a run, a demo or a trajectories file) with uvicorn until interrupted."""
     import uvicorn
 
-    app = create_app(run_dir)
+    app = create_app(target)
     uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False)

@@ -1,9 +1,13 @@
 // searchrl trajectory viewer: vanilla JS over the viewer's JSON API, no external code.
-// Routes: "#/" (the filtered list) and "#/t/<key>" (one trajectory, token by token).
+// Routes: "#/?source=ID&filters" (the filtered list) and "#/t/<key>?source=ID" (one trajectory, token by
+// token). `source` picks the trajectory source (a run's training steps, an evaluation's file); left out,
+// it is the first one the server lists.
 "use strict";
 
 const app = document.getElementById("app");
-let summary = null;
+const summaries = {};  // per source id: /api/summary?source=ID
+let summary = null;    // the current source's summary
+let defaultSource = null;
 let tokenMode = "kind";
 
 function el(tag, attrs, ...children) {
@@ -38,9 +42,38 @@ function showError(err) {
 
 // ---------------------------------------------------------------------------------------- list page
 
+function hashParams() {
+  return new URLSearchParams(location.hash.split("?")[1] || "");
+}
+
 function currentFilters() {
-  const params = new URLSearchParams(location.hash.split("?")[1] || "");
+  const params = hashParams();
+  params.delete("source");
   return Object.fromEntries(params.entries());
+}
+
+// The source named in the hash, or the server's first one.
+function currentSource() {
+  return hashParams().get("source") || defaultSource;
+}
+
+// "?source=ID" for links and API calls (nothing for the default source, so old links keep working).
+function sourceQuery(prefix = "?") {
+  const s = currentSource();
+  return s && s !== defaultSource ? prefix + "source=" + encodeURIComponent(s) : "";
+}
+
+function sourcePicker() {
+  const select = el(
+    "select",
+    { id: "source", name: "source", title: "trajectory source" },
+    summary.sources.map((s) =>
+      el("option", { value: s.id, selected: s.id === summary.source.id ? "" : null, "data-kind": s.kind }, s.label)),
+  );
+  select.addEventListener("change", () => {
+    location.hash = select.value === defaultSource ? "#/" : "#/?source=" + encodeURIComponent(select.value);
+  });
+  return el("label", { id: "source-picker" }, "trajectories ", select);
 }
 
 function filterForm(values) {
@@ -50,7 +83,7 @@ function filterForm(values) {
   const form = el(
     "form",
     { class: "filters", id: "filters" },
-    el("label", {}, "step", el("select", { name: "step" }, option("", "all"), steps)),
+    summary.steps.length ? el("label", {}, "step", el("select", { name: "step" }, option("", "all"), steps)) : null,
     el("label", {}, "min reward", el("input", { name: "min_reward", type: "number", step: "any", value: values.min_reward || "" })),
     el("label", {}, "max reward", el("input", { name: "max_reward", type: "number", step: "any", value: values.max_reward || "" })),
     el("label", {}, "correct (EM)",
@@ -62,6 +95,7 @@ function filterForm(values) {
   form.addEventListener("submit", (ev) => {
     ev.preventDefault();
     const params = new URLSearchParams();
+    if (currentSource() !== defaultSource) params.set("source", currentSource());
     for (const [k, v] of new FormData(form).entries()) if (v !== "") params.set(k, v);
     location.hash = "#/?" + params.toString();
   });
@@ -71,13 +105,15 @@ function filterForm(values) {
 async function renderList() {
   const values = currentFilters();
   const params = new URLSearchParams(values);
+  if (currentSource()) params.set("source", currentSource());
   const data = await getJSON("/api/trajectories?" + params.toString());
+  const link = (r) => "#/t/" + r.key + sourceQuery();
   const rows = data.rows.map((r) =>
     el(
       "tr",
-      { class: "traj-row", "data-key": r.key, onclick: () => (location.hash = "#/t/" + r.key) },
-      el("td", { class: "num" }, r.step),
-      el("td", {}, el("a", { class: "traj-link", href: "#/t/" + r.key }, r.id)),
+      { class: "traj-row", "data-key": r.key, "data-source": r.source, onclick: () => (location.hash = link(r)) },
+      el("td", { class: "num" }, r.step === null ? "–" : r.step),
+      el("td", {}, el("a", { class: "traj-link", href: link(r) }, r.id)),
       el("td", {}, r.question),
       el("td", {}, r.answer === null ? el("span", { class: "muted" }, "(none)") : r.answer),
       el("td", {}, r.golds.join(" | ")),
@@ -95,6 +131,7 @@ async function renderList() {
     el("tbody", {}, rows),
   );
   app.replaceChildren(
+    el("h2", { id: "source-title" }, summary.source.label),
     filterForm(values),
     el("p", { class: "muted", id: "list-count" }, `${data.total} trajectories match` + (data.total > data.rows.length ? ` (showing ${data.rows.length})` : "")),
     table,
@@ -179,15 +216,15 @@ function toolTable(traj) {
 }
 
 async function renderTrajectory(key) {
-  const traj = await getJSON("/api/trajectories/" + encodeURIComponent(key));
+  const traj = await getJSON("/api/trajectories/" + encodeURIComponent(key) + "?source=" + encodeURIComponent(currentSource()));
   const rerender = () => draw();
   function draw() {
     const kinds = {};
     for (const t of traj.tokens) kinds[t.kind] = (kinds[t.kind] || 0) + 1;
     app.replaceChildren(
-      el("p", {}, el("a", { href: "#/", id: "back" }, "← all trajectories")),
+      el("p", {}, el("a", { href: "#/" + sourceQuery(), id: "back" }, "← all trajectories of " + summary.source.label)),
       el("section", { id: "overview" },
-        el("h2", {}, `Trajectory ${traj.id} (step ${traj.step})`),
+        el("h2", {}, `Trajectory ${traj.id}` + (traj.step === null ? "" : ` (step ${traj.step})`)),
         el("dl", { class: "kv" },
           el("dt", {}, "question"), el("dd", {}, traj.question),
           el("dt", {}, "golds"), el("dd", {}, traj.golds.join(" | ")),
@@ -215,17 +252,29 @@ async function renderTrajectory(key) {
 
 // ------------------------------------------------------------------------------------------ routing
 
+async function loadSummary() {
+  if (defaultSource === null) {
+    const first = await getJSON("/api/summary");
+    defaultSource = first.source.id;
+    summaries[defaultSource] = first;
+  }
+  const id = currentSource();
+  if (!summaries[id]) summaries[id] = await getJSON("/api/summary?source=" + encodeURIComponent(id));
+  summary = summaries[id];
+  document.getElementById("run-name").textContent = `${summary.run} (${summary.kind})`;
+  document.getElementById("run-stats").textContent =
+    `${summary.num_trajectories} trajectories` + (summary.steps.length ? ` · ${summary.steps.length} steps` : "") +
+    ` · ${summary.correct} correct` +
+    (summary.tokenizer ? ` · tokens decoded with ${summary.tokenizer}` : " · no tokenizer found");
+  const picker = document.getElementById("source-slot");
+  picker.replaceChildren(summary.sources.length > 1 ? sourcePicker() : el("span", { id: "source-label" }, summary.source.label));
+}
+
 async function route() {
   try {
-    if (!summary) {
-      summary = await getJSON("/api/summary");
-      document.getElementById("run-name").textContent = summary.run;
-      document.getElementById("run-stats").textContent =
-        `${summary.num_trajectories} trajectories · ${summary.steps.length} steps · ${summary.correct} correct` +
-        (summary.tokenizer ? ` · tokens decoded with ${summary.tokenizer}` : " · no tokenizer found");
-    }
+    await loadSummary();
     const hash = location.hash || "#/";
-    if (hash.startsWith("#/t/")) await renderTrajectory(decodeURIComponent(hash.slice(4)));
+    if (hash.startsWith("#/t/")) await renderTrajectory(decodeURIComponent(hash.slice(4).split("?")[0]));
     else await renderList();
     document.body.dataset.ready = "1";
   } catch (err) {
