@@ -104,6 +104,7 @@ def _ppo_default() -> PPOConfig:
         topk=1,  # one document per search: the tiny model reads only what its query found (Search-R1: 3)
         max_observation_tokens=96,
         tool_schema_in_prompt=False,  # compact prompts for the tiny model
+        citation_style="number",  # cite [1], [2] (one token) rather than d000411 (seven tokens)
         system_prompt=DEMO_SYSTEM_PROMPT,
         max_new_tokens_per_turn=40,
         max_episode_tokens=400,
@@ -279,23 +280,35 @@ def _headline(summary: dict) -> dict[str, float]:
     return out
 
 
-def run_demo(cfg: DemoConfig) -> dict[str, Any]:
-    """Run every stage; returns the summary written to `<out_dir>/summary.json`."""
-    from searchrl.ppo.trainer import PPOTrainer
-    from searchrl.rewards.combine import default_rubric
+@dataclass
+class DemoWorld:
+    """What the demo's first four stages produce: the task and its splits, the search engine, the tokenizer,
+    the untrained policy and the expert demonstrations (also what `benchmarks/warm_start_seeds.py` reuses)."""
 
+    task: Any
+    train_rows: list[dict]
+    dev_rows: list[dict]
+    test_rows: list[dict]
+    backend: Any
+    tokenizer: Any
+    policy: Any
+    demos: list
+    env_config: Any
+
+    def env_factory(self) -> SearchEnvironment:
+        return SearchEnvironment(self.backend, self.env_config, tokenizer=self.tokenizer)
+
+
+def check_demo_config(cfg: DemoConfig) -> None:
     if cfg.expert.k != cfg.ppo.topk:
         raise ConfigError(
             f"expert.k={cfg.expert.k} but ppo.topk={cfg.ppo.topk}: the demonstrations would show a different "
             "number of documents per search than training and evaluation; set them equal"
         )
-    t_start = time.perf_counter()
-    torch.set_num_threads(cfg.num_threads)
-    torch.manual_seed(cfg.seed)
-    out = Path(cfg.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    save_config(cfg, out / "demo_config.yaml")
-    clock = StageClock(cfg.progress_bar)
+
+
+def prepare_world(cfg: DemoConfig, out: Path, clock: StageClock) -> DemoWorld:
+    """Stages 1-4: data, index, tokenizer and policy, expert demonstrations (written under `out`)."""
     data_dir = out / "data"
 
     # 1. data ------------------------------------------------------------------------------------
@@ -316,9 +329,6 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
     backend.search(["warm up"], 1)  # compile the numba scorer before any deadline runs
 
     env_config = cfg.ppo.env_config()  # one environment for demonstrations, training and evaluation
-
-    def env_factory() -> SearchEnvironment:
-        return SearchEnvironment(backend, env_config, tokenizer=tok)
 
     # 3. models ----------------------------------------------------------------------------------
     def make_models():
@@ -342,7 +352,7 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
                 demos.extend(expert.demonstrate(None, tok, [make_env() for _ in chunk], chunk))
             return demos
 
-        demos = demonstrate(train_rows, env_factory)
+        demos = demonstrate(train_rows, lambda: SearchEnvironment(backend, env_config, tokenizer=tok))
         for w in range(cfg.practice_worlds):
             world = practice_world(task, seed=cfg.seed + 1000 + w, train_questions=cfg.practice_questions)
             world_dir = out / "practice" / f"world-{w}"
@@ -358,6 +368,26 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
         return demos
 
     demos = clock.run("expert", make_demos)
+    return DemoWorld(task, train_rows, dev_rows, test_rows, backend, tok, policy, demos, env_config)
+
+
+def run_demo(cfg: DemoConfig) -> dict[str, Any]:
+    """Run every stage; returns the summary written to `<out_dir>/summary.json`."""
+    from searchrl.ppo.trainer import PPOTrainer
+    from searchrl.rewards.combine import default_rubric
+
+    check_demo_config(cfg)
+    t_start = time.perf_counter()
+    torch.set_num_threads(cfg.num_threads)
+    torch.manual_seed(cfg.seed)
+    out = Path(cfg.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    save_config(cfg, out / "demo_config.yaml")
+    clock = StageClock(cfg.progress_bar)
+    world = prepare_world(cfg, out, clock)
+    tok, policy, demos, backend = world.tokenizer, world.policy, world.demos, world.backend
+    train_rows, dev_rows, test_rows = world.train_rows, world.dev_rows, world.test_rows
+    env_config, env_factory = world.env_config, world.env_factory
 
     # 5. SFT warm start ------------------------------------------------------------------------------
     sft_cfg = dataclasses.replace(cfg.sft, seed=cfg.seed, output_dir=str(out / "sft" / "trainer"))

@@ -807,14 +807,8 @@ class PPOTrainer:
             out[f"reward/{k}"] = float(np.mean([t.reward_breakdown.get(k, 0.0) for t in trajs]))
         for reason in TERMINATION_REASONS:
             out[f"termination/{reason}"] = float(np.mean([t.termination == reason for t in trajs]))
-        calls = [len(t.tool_calls) for t in trajs]
-        failures = sum(1 for t in trajs for c in t.tool_calls if c.status != "ok")
-        out["tools/calls_per_episode"] = float(np.mean(calls))
-        out["tools/failure_rate"] = failures / max(1, sum(calls))
-        lat = [c.latency_ms for t in trajs for c in t.tool_calls if c.status == "ok"]
-        if lat:
-            out["search/latency_p50_ms"] = float(np.percentile(lat, 50))
-            out["search/latency_p99_ms"] = float(np.percentile(lat, 99))
+        # Tool counts and search latency come from the rollout's `rollout_stats` (`searchrl.rollout.stats.
+        # tool_stats`), the one definition GRPO logs too: latency over every call that reached the engine.
         out["answer/length_words"] = float(np.mean([len((t.answer or "").split()) for t in trajs]))
         return out
 

@@ -28,7 +28,8 @@ def percentile(values: Sequence[float], q: float) -> float:
 
 
 def tool_stats(trajectories: Sequence[Trajectory]) -> dict[str, float]:
-    """Calls per episode, failure rate and counts by status, and search latency p50/p99 of the ok calls."""
+    """Calls per episode, failure rate and counts by status, and search latency p50/p99 of the calls that
+    reached the backend (ok, timeout, unavailable, error)."""
     records = [rec for t in trajectories for rec in t.tool_calls]
     statuses = Counter(rec.status for rec in records)
     failures = sum(n for status, n in statuses.items() if status != "ok")
