@@ -1,5 +1,6 @@
-"""`searchrl data synth` (write the synthetic task), `searchrl data realqa` (HotpotQA / SQuAD slices) and
-`searchrl data check` (validate a QA file)."""
+"""`searchrl data synth` (write the synthetic task), `searchrl data realqa` (HotpotQA / SQuAD slices),
+`searchrl data convert` (searchrl / Search-R1 parquet / FlashRAG JSONL, both ways) and `searchrl data check`
+(validate a QA file)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from searchrl.data.datasets import DatasetError, load_qa
 from searchrl.data.synthetic import SIZE_PRESETS, SynthConfig, generate
 
 data_app = typer.Typer(
-    help="Datasets: generate the synthetic task, write real HotpotQA/SQuAD questions, check QA files.",
+    help="Datasets: generate the synthetic task, write real HotpotQA/SQuAD questions, convert between searchrl, "
+    "Search-R1 and FlashRAG files, check QA files.",
     no_args_is_help=True,
 )
 
@@ -154,6 +156,106 @@ def realqa(
         f"dev: {counts['dev']}, test: {counts['test']}) to {out}"
     )
     typer.echo(f"next: searchrl index --corpus {paths['corpus']} --out {out / 'index'}")
+
+
+@data_app.command("convert")
+def convert_command(
+    paths: Annotated[
+        list[Path],
+        typer.Argument(
+            help="IN [IN ...] OUT: one or more input files, then the output file. Several inputs are merged "
+            "(ids prefixed with each file's dataset name).",
+            show_default=False,
+        ),
+    ],
+    source: Annotated[
+        str,
+        typer.Option(
+            "--from",
+            help="Input format: searchrl (our JSONL: id, question, golds), search-r1 (Search-R1's parquet) or "
+            "flashrag (FlashRAG's JSONL: id, question, golden_answers, metadata).",
+        ),
+    ],
+    target: Annotated[
+        str, typer.Option("--to", help="Output format: searchrl, search-r1 (.parquet) or flashrag (.jsonl).")
+    ],
+    data_source: Annotated[
+        str | None,
+        typer.Option(
+            "--data-source",
+            help="Dataset name of every row (Search-R1's data_source column, by which its trainer picks the "
+            "reward: nq, triviaqa, popqa, hotpotqa, 2wikimultihopqa, musique, bamboogle). Default: the row's own.",
+        ),
+    ] = None,
+    split: Annotated[
+        str | None,
+        typer.Option(
+            "--split",
+            help="extra_info.split written to Search-R1 files (default: the input's name if train/dev/test, "
+            "else train).",
+        ),
+    ] = None,
+    prompt_template: Annotated[
+        Path | None,
+        typer.Option(
+            "--prompt-template",
+            help="Text file with {question}: the user turn of Search-R1's prompt column (default: searchrl's "
+            "wording of the <think>/<search>/<answer> protocol). searchrl itself never reads that column.",
+        ),
+    ] = None,
+    question_mark: Annotated[
+        bool,
+        typer.Option(
+            "--question-mark/--no-question-mark",
+            help="End every question with '?' as Search-R1's data processing does (default: keep questions).",
+        ),
+    ] = False,
+    limit: Annotated[
+        int | None, typer.Option("--limit", help="Read at most N rows of each input file.", min=1)
+    ] = None,
+) -> None:
+    """Convert question files between searchrl, Search-R1 (parquet) and FlashRAG (JSONL), both ways.
+
+    Fields a format has no column for travel along, so converting back gives the same rows.
+
+    searchrl data convert --from search-r1 --to searchrl train.parquet data/sr1/train.jsonl
+
+    searchrl data convert --from flashrag --to search-r1 nq/train.jsonl hotpotqa/train.jsonl train.parquet
+    """
+    from searchrl.data.convert import FORMATS, ConvertError, convert
+
+    if len(paths) < 2:
+        raise typer.BadParameter("give at least one input file and then the output file: IN [IN ...] OUT")
+    for name, value in (("--from", source), ("--to", target)):
+        if value not in FORMATS:
+            raise typer.BadParameter(
+                f"unknown format {value!r}; choose one of {', '.join(FORMATS)}", param_hint=name
+            )
+    template = None
+    if prompt_template is not None:
+        if not prompt_template.is_file():
+            raise typer.BadParameter(f"{prompt_template}: file not found", param_hint="--prompt-template")
+        template = prompt_template.read_text(encoding="utf-8")
+    try:
+        result = convert(
+            paths[:-1],
+            paths[-1],
+            source,
+            target,
+            data_source=data_source,
+            split=split,
+            prompt_template=template,
+            question_mark=question_mark,
+            limit=limit,
+        )
+    except (ConvertError, DatasetError) as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(1) from e
+    sources = Counter(str(r.get("data_source") or "-") for r in result.rows)
+    typer.echo(
+        f"wrote {len(result.rows)} questions ({source} -> {target}) to {result.output}; data sources: "
+        f"{dict(sorted(sources.items()))}"
+    )
 
 
 @data_app.command("check")
