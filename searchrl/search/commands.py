@@ -14,6 +14,11 @@ class BackendName(StrEnum):
     dense = "dense"
 
 
+class DenseEncoder(StrEnum):
+    sentence_transformers = "sentence-transformers"
+    e5 = "e5"
+
+
 def _fail(message: str) -> typer.Exit:
     # Plain text on stderr rather than typer's boxed error: long paths in messages stay whole.
     typer.echo(f"error: {message}", err=True)
@@ -31,7 +36,9 @@ def index_command(
     ),
     out: Path = typer.Option(..., "--out", help="Directory to write the index into."),
     backend: BackendName = typer.Option(
-        BackendName.bm25, "--backend", help="bm25 (bm25s, numba) or dense (MiniLM + faiss)."
+        BackendName.bm25,
+        "--backend",
+        help="bm25 (bm25s, numba) or dense (an encoder + faiss; see --encoder).",
     ),
     k1: float = typer.Option(0.9, "--k1", help="BM25 k1 (Pyserini / Search-R1 default 0.9)."),
     b: float = typer.Option(0.4, "--b", help="BM25 b (Pyserini / Search-R1 default 0.4)."),
@@ -43,9 +50,46 @@ def index_command(
     model_path: Path | None = typer.Option(
         None, "--model-path", help="Dense model dir (default: $SEARCHRL_DENSE_MODEL, else bundled MiniLM)."
     ),
+    encoder: DenseEncoder = typer.Option(
+        DenseEncoder.sentence_transformers,
+        "--encoder",
+        help="Dense: 'sentence-transformers' (the model's own pooling; 'Title. text') or 'e5' (Search-R1's "
+        "recipe: 'query: '/'passage: ' prefixes, mean pooling, L2 norm, 256 tokens, '\"Title\"\\ntext').",
+    ),
+    query_prefix: str | None = typer.Option(
+        None, "--query-prefix", help="Dense: text put before every query (e5 default 'query: ')."
+    ),
+    passage_prefix: str | None = typer.Option(
+        None, "--passage-prefix", help="Dense: text put before every passage (e5 default 'passage: ')."
+    ),
+    pooling: str | None = typer.Option(
+        None, "--pooling", help="Dense e5: 'mean' over the attention mask (default) or 'cls' (first token)."
+    ),
+    max_length: int | None = typer.Option(
+        None, "--max-length", min=1, help="Dense e5: tokens per query and passage (default 256)."
+    ),
+    passage_format: str | None = typer.Option(
+        None,
+        "--passage-format",
+        help="Dense: 'title_text' ('Title. text') or 'contents' (Search-R1's '\"Title\"\\ntext'; e5 default).",
+    ),
+    index_type: str = typer.Option(
+        "flat", "--index-type", help="Dense: 'flat' (exact inner product) or 'hnsw' (approximate, faster)."
+    ),
+    hnsw_m: int = typer.Option(64, "--hnsw-m", min=2, help="Dense hnsw: links per node (Search-R1: 64)."),
+    hnsw_ef_search: int = typer.Option(
+        128, "--hnsw-ef-search", min=1, help="Dense hnsw: search breadth (higher: better recall, slower)."
+    ),
+    faiss_index: Path | None = typer.Option(
+        None,
+        "--faiss-index",
+        help="Dense: use this existing faiss index (e.g. Search-R1's e5_Flat.index over wiki-18.jsonl, built "
+        "with the same encoder) instead of encoding the corpus; linked, not copied. Row i must be document i.",
+    ),
+    batch_size: int = typer.Option(64, "--batch-size", min=1, help="Dense: passages encoded together."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace a non-empty output directory."),
 ) -> None:
-    """Build a search index from a corpus file."""
+    """Build a search index from a corpus file (or link an existing faiss index to it)."""
     from searchrl.search.index import build_index, read_meta
 
     if backend == BackendName.bm25:
@@ -57,7 +101,20 @@ def index_command(
             "stopwords": _none_word(stopwords),
         }
     else:
-        params = {"model_path": str(model_path) if model_path else None}
+        params = {
+            "model_path": str(model_path) if model_path else None,
+            "encoder": encoder.value,
+            "query_prefix": query_prefix,
+            "passage_prefix": passage_prefix,
+            "pooling": pooling,
+            "max_length": max_length,
+            "passage_format": passage_format,
+            "index_type": index_type,
+            "hnsw_m": hnsw_m,
+            "hnsw_ef_search": hnsw_ef_search,
+            "faiss_index": str(faiss_index) if faiss_index else None,
+            "batch_size": batch_size,
+        }
     try:
         build_index(corpus, out, backend=backend.value, overwrite=overwrite, **params)
     except (ValueError, FileNotFoundError) as e:
@@ -131,11 +188,30 @@ def serve_command(
     max_query_chars: int = typer.Option(4096, "--max-query-chars", min=1, help="Most characters per query."),
     max_topk: int = typer.Option(100, "--max-topk", min=1, help="Largest topk a request may ask for."),
     default_topk: int = typer.Option(3, "--default-topk", min=1, help="topk when a request does not say."),
+    model_path: Path | None = typer.Option(
+        None,
+        "--model-path",
+        help="Dense index: the encoder's local folder (e.g. e5-base-v2), the one the index was built with "
+        "(default: $SEARCHRL_DENSE_MODEL, else the bundled MiniLM).",
+    ),
+    device: str | None = typer.Option(
+        None, "--device", help="Dense index: where the query encoder runs, e.g. cuda (default: cpu)."
+    ),
 ) -> None:
     """Serve an index over HTTP: Search-R1 POST /retrieve, FlashRAG POST /batch_search, GET /health."""
+    import os
+
+    from searchrl.search.dense import DEVICE_ENV_VAR, MODEL_ENV_VAR
     from searchrl.search.index import IndexFormatError
     from searchrl.search.server import ServerLimits, serve
 
+    # The workers open the index themselves; they inherit the encoder's folder and device by environment.
+    if model_path is not None:
+        if not model_path.is_dir():
+            raise _fail(f"--model-path {model_path}: no such folder (a local encoder, nothing is downloaded)")
+        os.environ[MODEL_ENV_VAR] = str(model_path.resolve())
+    if device:
+        os.environ[DEVICE_ENV_VAR] = device
     try:
         limits = ServerLimits(max_queries, max_query_chars, max_topk, default_topk)
         serve(str(index), host=host, port=port, token=token, workers=workers, limits=limits)

