@@ -121,14 +121,61 @@ def eval_command(
     bootstrap: Annotated[
         int, typer.Option("--bootstrap", help="Bootstrap resamples for the 95% CIs.", min=1)
     ] = 1000,
+    benchmarks: Annotated[
+        Path | None,
+        typer.Option(
+            "--benchmarks",
+            help="Evaluate on Search-R1's seven QA sets instead of one split: a folder of <set>/test.jsonl or "
+            "<set>/dev.jsonl (FlashRAG's layout; test where present, else dev, as Search-R1) for nq, triviaqa, "
+            "popqa, hotpotqa, 2wikimultihopqa, musique, bamboogle. Writes RUN/eval/benchmarks-<checkpoint>.json "
+            "with EM, F1 and searches per question per set and their unweighted average, with 95% CIs.",
+        ),
+    ] = None,
+    sets: Annotated[
+        str | None,
+        typer.Option(
+            "--sets",
+            help="With --benchmarks: comma-separated set names to evaluate (default: all seven, each required).",
+        ),
+    ] = None,
+    question_mark: Annotated[
+        bool,
+        typer.Option(
+            "--question-mark/--no-question-mark",
+            help="With --benchmarks: strip each question and end it with '?', as Search-R1's data processing "
+            "does (default), or keep the file's text.",
+        ),
+    ] = True,
 ) -> None:
-    """Evaluate a checkpoint or any model (greedy, the run's prompt, protocol and budgets) on any split and index."""
+    """Evaluate a checkpoint or any model (greedy, the run's prompt, protocol and budgets) on any split and index,
+    or on Search-R1's seven QA sets (--benchmarks)."""
     from rich.console import Console
 
     from searchrl.evaluation.evaluate import evaluate_run
 
     if run is None and model is None:
         raise typer.BadParameter("give --run DIR (a training run or a demo) or --model PATH (a model folder)")
+    if benchmarks is not None:
+        if data is not None:
+            raise typer.BadParameter("--benchmarks and --data both name the questions; give one of them")
+        _eval_benchmarks(
+            run,
+            benchmarks,
+            sets,
+            checkpoint,
+            model,
+            index,
+            corpus,
+            out,
+            batch_size,
+            limit,
+            seed,
+            bootstrap,
+            question_mark,
+        )
+        return
+    if sets is not None:
+        raise typer.BadParameter("--sets picks sets of --benchmarks DIR; pass --benchmarks too")
     try:
         result, path = evaluate_run(
             run,
@@ -148,6 +195,78 @@ def eval_command(
         raise typer.BadParameter(str(e)) from None
     console = Console()
     console.print(_eval_table(result.summary, f"{split} split · {path.stem}"))
+    console.print(f"wrote {path}")
+
+
+def benchmarks_table(payload: dict[str, Any], title: str) -> Any:
+    """Search-R1's Table 3 layout: one column per set (dagger: trained on), then the unweighted average."""
+    from rich.table import Table
+
+    table = Table(title=title)
+    table.add_column("metric")
+    sets = payload["benchmarks"]
+    for result in sets.values():
+        mark = "†" if result.get("in_domain") else ""
+        note = "" if result.get("matches_search_r1_split") else " (!)"
+        table.add_column(
+            f"{result['label']}{mark}\n{result['split']}, n={result['n']}{note}", justify="right"
+        )
+    table.add_column("Avg", justify="right")
+    average = payload["average"]
+    for metric in ("exact_match", "f1", "searches_per_question"):
+        cells = [f"{r[metric]:.3f}" for r in sets.values()]
+        table.add_row(metric, *cells, f"{average[metric]:.3f}")
+    ci_cells = ["[{:.2f}, {:.2f}]".format(*r["ci95"]["exact_match"]) for r in sets.values()]
+    table.add_row("EM 95% CI", *ci_cells, "[{:.2f}, {:.2f}]".format(*average["ci95"]["exact_match"]))
+    return table
+
+
+def _eval_benchmarks(
+    run: Path | None,
+    benchmarks: Path,
+    sets: str | None,
+    checkpoint: str | None,
+    model: Path | None,
+    index: Path | None,
+    corpus: Path | None,
+    out: Path | None,
+    batch_size: int,
+    limit: int | None,
+    seed: int,
+    bootstrap: int,
+    question_mark: bool,
+) -> None:
+    from rich.console import Console
+
+    from searchrl.evaluation.benchmarks import evaluate_benchmarks
+
+    names = [s for s in (sets or "").split(",") if s.strip()] or None
+    try:
+        payload, path = evaluate_benchmarks(
+            run,
+            benchmarks,
+            names,
+            checkpoint,
+            model,
+            index,
+            out,
+            batch_size=batch_size,
+            limit=limit,
+            seed=seed,
+            n_resamples=bootstrap,
+            corpus=corpus,
+            question_mark=question_mark,
+        )
+    except (FileNotFoundError, ValueError) as e:
+        raise typer.BadParameter(str(e)) from None
+    console = Console()
+    console.print(
+        benchmarks_table(payload, f"benchmarks · {payload['checkpoint']} · EM (Search-R1's metric)")
+    )
+    if not all(r["matches_search_r1_split"] for r in payload["benchmarks"].values()):
+        console.print(
+            "(!) not the split Search-R1 evaluated (NQ, TriviaQA, PopQA, Bamboogle: test; others: dev)"
+        )
     console.print(f"wrote {path}")
 
 

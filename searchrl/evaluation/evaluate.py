@@ -17,11 +17,12 @@ the `timing` key so the rest of the JSON can be compared byte for byte.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -538,20 +539,8 @@ def evaluate_run(
     The JSON goes to `RUN/eval/<split>-<checkpoint>.json` (or `output`), the trajectories beside it as
     `<same name>.trajectories.jsonl.gz`. Returns the result and the JSON path.
     """
-    from searchrl.common.run import RunReader, RunTargetError
-
-    if corpus is not None and index_dir is not None:
-        raise ValueError("--index and --corpus both name the search engine; give one of them")
-    if corpus is not None and not Path(corpus).is_file():
-        raise FileNotFoundError(f"--corpus {corpus}: no such file; pass a JSONL corpus (id, title, contents)")
-    reader = RunReader(run_dir) if run_dir is not None else None
-    if reader is not None and reader.kind == "trajectories":
-        raise RunTargetError(
-            f"--run {run_dir}: searchrl eval needs a run directory or a demo directory (its config, checkpoints, "
-            "data and index), not a trajectories file; pass the run the file came from"
-        )
-    root = reader.require_run("searchrl eval") if reader is not None else None
-    config = load_run_config(run_dir) if run_dir is not None else None
+    check_search_args(index_dir, corpus)
+    reader, root, config = open_run(run_dir)
     model_dir, name = _resolve_model(reader, config, model, checkpoint)
     if not model_dir.is_dir():
         raise FileNotFoundError(f"{model_dir}: model folder not found")
@@ -561,20 +550,8 @@ def evaluate_run(
             raise FileNotFoundError(
                 f"{data_dir}: the run has no {split!r} split there; pass --data DIR or --data FILE"
             )
-    uses_url = (
-        bool(getattr(config, "search_url", None)) and getattr(config, "search_backend", "http") == "http"
-    )
-    if (
-        index_dir is None
-        and corpus is None
-        and reader is not None
-        and reader.index_dir is not None
-        and not uses_url
-    ):
-        index_dir = reader.index_dir
     rows_path = split_file(config, split, data_dir)
-
-    def run(backend: Any, search: dict[str, str]) -> tuple[EvalResult, Path]:
+    with search_for_eval(reader, config, index_dir, corpus) as (backend, search):
         return _evaluate_target(
             reader,
             root,
@@ -598,15 +575,55 @@ def evaluate_run(
             ),
         )
 
+
+def check_search_args(index_dir: str | Path | None, corpus: str | Path | None) -> None:
+    """`--index` and `--corpus` are alternatives; a corpus must be a file."""
+    if corpus is not None and index_dir is not None:
+        raise ValueError("--index and --corpus both name the search engine; give one of them")
+    if corpus is not None and not Path(corpus).is_file():
+        raise FileNotFoundError(f"--corpus {corpus}: no such file; pass a JSONL corpus (id, title, contents)")
+
+
+def open_run(run_dir: str | Path | None) -> tuple[Any, Path | None, Any]:
+    """(RunReader, run root, run config) of an evaluation's `--run`, or Nones without one."""
+    from searchrl.common.run import RunReader, RunTargetError
+
+    reader = RunReader(run_dir) if run_dir is not None else None
+    if reader is not None and reader.kind == "trajectories":
+        raise RunTargetError(
+            f"--run {run_dir}: searchrl eval needs a run directory or a demo directory (its config, checkpoints, "
+            "data and index), not a trajectories file; pass the run the file came from"
+        )
+    root = reader.require_run("searchrl eval") if reader is not None else None
+    config = load_run_config(run_dir) if run_dir is not None else None
+    return reader, root, config
+
+
+@contextlib.contextmanager
+def search_for_eval(
+    reader: Any, config: Any, index_dir: str | Path | None, corpus: str | Path | None
+) -> Iterator[tuple[Any, dict[str, str]]]:
+    """(backend, what it is for the JSON): `--corpus` (a temporary BM25 index, removed afterwards), `--index`,
+    else the run's index folder, else the run's search URL."""
+    uses_url = (
+        bool(getattr(config, "search_url", None)) and getattr(config, "search_backend", "http") == "http"
+    )
+    if (
+        index_dir is None
+        and corpus is None
+        and reader is not None
+        and reader.index_dir is not None
+        and not uses_url
+    ):
+        index_dir = reader.index_dir
     if corpus is not None:
         from searchrl.search.index import build_index
 
         with tempfile.TemporaryDirectory(prefix="searchrl-eval-index-") as tmp:
-            return run(build_index(corpus, Path(tmp) / "index", backend="bm25"), {"corpus": str(corpus)})
+            yield build_index(corpus, Path(tmp) / "index", backend="bm25"), {"corpus": str(corpus)}
+        return
     backend = open_search(config, index_dir)
-    return run(
-        backend, {"index": str(index_dir if index_dir is not None else getattr(config, "search_url", ""))}
-    )
+    yield backend, {"index": str(index_dir if index_dir is not None else getattr(config, "search_url", ""))}
 
 
 def _evaluate_target(
@@ -625,28 +642,13 @@ def _evaluate_target(
     from searchrl.common.io import atomic_write_json
     from searchrl.data.datasets import load_qa
     from searchrl.env.environment import SearchEnvironment
-    from searchrl.models.tiny import load_policy, load_tokenizer
     from searchrl.rollout.trajectory import write_trajectories
 
     split = options.get("split")
     rows = load_qa(rows_path, limit=limit)
-    tok_dir = model_dir if (model_dir / "tokenizer_config.json").exists() else None
-    if tok_dir is None and config is not None and config.tokenizer_path:
-        tok_dir = Path(config.tokenizer_path)
-    if tok_dir is None and reader is not None:
-        tok_dir = reader.tokenizer_dir()
-    if tok_dir is None:
-        raise FileNotFoundError(
-            f"{model_dir}: no tokenizer files here and the run config names no tokenizer_path"
-        )
-    tokenizer = load_tokenizer(tok_dir)
-    policy = load_policy(model_dir)
+    policy, tokenizer = load_policy_for_eval(reader, config, model_dir)
     env_cfg = options["env_config"] if options["env_config"] is not None else run_env_config(root, config)
-    gen_cfg = options["generation_config"] or (
-        generation_config_from_ppo(config)
-        if config is not None
-        else GenerationConfig(max_new_tokens_per_turn=64, max_episode_tokens=env_cfg.max_total_tokens)
-    )
+    gen_cfg = options["generation_config"] or default_generation_config(config, env_cfg)
     result = evaluate_policy(
         policy,
         tokenizer,
@@ -683,6 +685,29 @@ def _evaluate_target(
         output.with_name(output.name[: -len(".json")] + ".trajectories.jsonl.gz"), result.trajectories
     )
     return result, output
+
+
+def load_policy_for_eval(reader: Any, config: Any, model_dir: Path) -> tuple[Any, Any]:
+    """(policy, tokenizer) of a model folder; the tokenizer from the folder, else the run's."""
+    from searchrl.models.tiny import load_policy, load_tokenizer
+
+    tok_dir = model_dir if (model_dir / "tokenizer_config.json").exists() else None
+    if tok_dir is None and config is not None and config.tokenizer_path:
+        tok_dir = Path(config.tokenizer_path)
+    if tok_dir is None and reader is not None:
+        tok_dir = reader.tokenizer_dir()
+    if tok_dir is None:
+        raise FileNotFoundError(
+            f"{model_dir}: no tokenizer files here and the run config names no tokenizer_path"
+        )
+    return load_policy(model_dir), load_tokenizer(tok_dir)
+
+
+def default_generation_config(config: Any, env_cfg: Any) -> GenerationConfig:
+    """The run's rollout limits, or (no run) 64 tokens a turn within the environment's token budget."""
+    if config is not None:
+        return generation_config_from_ppo(config)
+    return GenerationConfig(max_new_tokens_per_turn=64, max_episode_tokens=env_cfg.max_total_tokens)
 
 
 def _step_of(name: str) -> int | None:

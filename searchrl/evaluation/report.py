@@ -22,6 +22,10 @@ What it reads (`searchrl.common.run.RunReader`): a run directory (PPO or GRPO; x
 PPO run, `summary.json`, the hidden-test evaluations in `DEMO/eval/` and, after `--compare-grpo`, the
 trainers side by side. A PPO run that is a demo's `ppo/` gets the demo's evaluations too.
 
+Benchmarks (`searchrl eval --benchmarks`, `searchrl.evaluation.benchmarks`): every suite eval JSON as
+Search-R1's Table 3, one column per QA set and the unweighted average, exact match with its CI, then F1 and
+searches per question, with the paper's rows beside them for reference.
+
 Why self-contained: a report is mailed, attached to an issue or opened from a cluster's scratch disk;
 inline CSS and images mean nothing has to be fetched and nothing breaks when the run folder moves.
 """
@@ -545,6 +549,86 @@ def glance_section(
     return "".join(parts)
 
 
+# -- benchmark suites (Search-R1's Table 3 layout) ----------------------------------------------------
+
+
+def _suite_cell(result: dict[str, Any] | None, metric: str, with_ci: bool) -> str:
+    if result is None or metric not in result:
+        return ""
+    cell = _fmt(float(result[metric]))
+    ci = (result.get("ci95") or {}).get(metric)
+    if with_ci and ci:
+        cell += f" <span class='meta'>[{_fmt(float(ci[0]))}, {_fmt(float(ci[1]))}]</span>"
+    return cell
+
+
+def benchmarks_section(evals: Sequence[EvalFile]) -> str | None:
+    """Every benchmark-suite eval JSON (`searchrl eval --benchmarks`) as Search-R1's Table 3: a column per set
+    (dagger: trained on) and the unweighted average, exact match with its 95% CI; then F1 and searches per
+    question; then the paper's rows for reference. None when the run has no suite evaluation."""
+    from searchrl.evaluation.benchmarks import BENCHMARKS, SEARCH_R1_PAPER_EM, is_suite
+
+    suites = [e for e in evals if is_suite(e.data)]
+    if not suites:
+        return None
+    present = {name for e in suites for name in e.data["benchmarks"]}
+    columns = [b for b in BENCHMARKS if b.name in present]
+    header = ["model · checkpoint"] + [f"{b.label}{'†' if b.in_domain else ''}" for b in columns] + ["Avg"]
+
+    def rows(metric: str, with_ci: bool) -> list[list[str]]:
+        out = []
+        for e in suites:
+            sets = e.data["benchmarks"]
+            cells = [_suite_cell(sets.get(b.name), metric, with_ci) for b in columns]
+            out.append(
+                [html.escape(f"{e.data.get('checkpoint', e.stem)} ({e.name})"), *cells]
+                + [_suite_cell(e.data.get("average"), metric, with_ci)]
+            )
+        return out
+
+    em_rows = rows("exact_match", True)
+    all_seven = len(columns) == len(BENCHMARKS)
+    for label, values, avg in SEARCH_R1_PAPER_EM:
+        by_name = dict(zip((b.name for b in BENCHMARKS), values, strict=True))
+        em_rows.append(
+            [f"<span class='meta'>{html.escape(label)} (paper)</span>"]
+            + [f"<span class='meta'>{by_name[b.name]:.3f}</span>" for b in columns]
+            + [f"<span class='meta'>{avg:.3f}</span>" if all_seven else "<span class='meta'>n/a</span>"]
+        )
+    notes = []
+    for e in suites:
+        sets = e.data["benchmarks"]
+        where = ", ".join(
+            f"{r['label']} {r['split']} n={r['n']}"
+            + ("" if r.get("matches_search_r1_split") else " (not the paper's split)")
+            for r in sets.values()
+        )
+        limit = e.data.get("limit_per_set")
+        cut = f" First {limit} questions per set, not the full sets." if limit else ""
+        search = e.data.get("index") or e.data.get("corpus") or "?"
+        notes.append(
+            f"<li>{html.escape(e.name)}: {html.escape(where)}. Search: {html.escape(str(search))}; top-k "
+            f"{html.escape(str((e.data.get('env_config') or {}).get('topk', '?')))}. Questions "
+            f"{html.escape(str(e.data.get('question_rule', '')))}.{html.escape(cut)}</li>"
+        )
+    return "".join(
+        [
+            "<h2>Benchmarks (Search-R1's Table 3 layout)</h2>",
+            "<p class='meta'>Exact match with SQuAD's answer normalisation, greedy decoding; Avg is the unweighted "
+            "mean over the sets, its 95% CI a bootstrap resampling each set within itself. † = trained on "
+            "(NQ, HotpotQA). The paper's rows (arXiv 2503.09516 v5) compare only within the same setup: "
+            "wiki-18, e5 top-3, trained on NQ + HotpotQA.</p>",
+            "<h3>Exact match [95% CI]</h3>",
+            _table(header, em_rows, "benchmarks-em"),
+            "<h3>F1</h3>",
+            _table(header, rows("f1", False), "benchmarks-f1"),
+            "<h3>Searches per question</h3>",
+            _table(header, rows("searches_per_question", False), "benchmarks-searches"),
+            f"<ul class='meta'>{''.join(notes)}</ul>",
+        ]
+    )
+
+
 # -- trajectories -------------------------------------------------------------------------------------
 
 
@@ -968,6 +1052,9 @@ def write_report(
                 f"{html.escape(str(e.data.get('checkpoint', e.stage or '')))}</h3>"
             )
             parts.append(eval_table(e.data))
+    suites = benchmarks_section(evals)
+    if suites:
+        parts.append(suites)
     if audit is not None:
         parts += [
             "<h2>Reward-hacking audit</h2>",
