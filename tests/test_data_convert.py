@@ -218,3 +218,36 @@ def test_flashrag_reader_names_the_line_of_a_bad_row(tmp_path):
     )
     with pytest.raises(Exception, match=r"bad.jsonl: line 2: missing field 'question'"):
         read_flashrag(tmp_path / "bad.jsonl")
+
+
+def test_search_r1_test_file_splits_into_benchmark_folders(tmp_path):
+    """Search-R1's merged test.parquet (every set says split 'test') -> one FlashRAG folder per set, each file
+    named by the split Search-R1 really took it from, as `searchrl eval --benchmarks` reads them."""
+    from searchrl.evaluation.benchmarks import find_benchmark_files
+
+    rows = _sr1_rows("nq", [("who wrote dune?", ["Frank Herbert"])])
+    rows += _sr1_rows("hotpotqa", [("which city hosted 1992?", ["Barcelona"]), ("a?", ["b"])])
+    rows += _sr1_rows("bamboogle", [("who was first?", ["Ada"])])
+    for r in rows:
+        r["extra_info"] = {"split": "test", "index": r["extra_info"]["index"]}
+    _write_parquet(tmp_path / "test.parquet", rows)
+    args = ["data", "convert", "--from", "search-r1", "--to", "flashrag", "--by-source"]
+    result = runner.invoke(app, [*args, str(tmp_path / "test.parquet"), str(tmp_path / "bench")])
+    assert result.exit_code == 0, result.output
+    assert sorted(str(p.relative_to(tmp_path / "bench")) for p in (tmp_path / "bench").rglob("*.jsonl")) == [
+        "bamboogle/test.jsonl",
+        "hotpotqa/dev.jsonl",
+        "nq/test.jsonl",
+    ]
+    assert [r["golden_answers"] for r in read_jsonl(tmp_path / "bench" / "hotpotqa" / "dev.jsonl")] == [
+        ["Barcelona"],
+        ["b"],
+    ]
+    found = find_benchmark_files(tmp_path / "bench", ["nq", "hotpotqa", "bamboogle"])
+    assert [(f.benchmark.name, f.split, f.matches_search_r1) for f in found] == [
+        ("nq", "test", True),
+        ("hotpotqa", "dev", True),
+        ("bamboogle", "test", True),
+    ]
+    result = runner.invoke(app, [*args, str(tmp_path / "test.parquet"), str(tmp_path / "one.jsonl")])
+    assert result.exit_code == 1 and "the output is a folder" in result.output

@@ -213,6 +213,14 @@ def convert_command(
     limit: Annotated[
         int | None, typer.Option("--limit", help="Read at most N rows of each input file.", min=1)
     ] = None,
+    by_source: Annotated[
+        bool,
+        typer.Option(
+            "--by-source",
+            help="OUT is a folder: one OUT/<data_source>/<split>.jsonl per dataset (FlashRAG's layout, what "
+            "`searchrl eval --benchmarks` reads); Search-R1's seven sets are named by the split it used.",
+        ),
+    ] = False,
 ) -> None:
     """Convert question files between searchrl, Search-R1 (parquet) and FlashRAG (JSONL), both ways.
 
@@ -247,6 +255,7 @@ def convert_command(
             prompt_template=template,
             question_mark=question_mark,
             limit=limit,
+            by_source=by_source,
         )
     except (ConvertError, DatasetError) as e:
         typer.echo(f"error: {e}", err=True)

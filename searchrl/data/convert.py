@@ -440,8 +440,15 @@ def convert(
     prompt_template: str | None = None,
     question_mark: bool = False,
     limit: int | None = None,
+    by_source: bool = False,
 ) -> ConvertResult:
     """Read `inputs` as `source_format`, write them to `output` as `target_format`.
+
+    `by_source=True` makes `output` a folder with one file per dataset, `<output>/<data_source>/<split>.jsonl`
+    (`.parquet` for search-r1), FlashRAG's layout, which `searchrl eval --benchmarks` reads. For Search-R1's
+    seven evaluation sets the file is named by the split Search-R1 took the questions from (test for NQ,
+    TriviaQA, PopQA, Bamboogle; dev for HotpotQA, 2WikiMultiHopQA, Musique), whatever `extra_info.split`
+    says (its merged test file says "test" for all); other datasets use `split` or the input's name.
 
     Several inputs are merged in order; each row then gets its dataset name (`data_source`, else the folder
     it came from) as `data_source` and as an id prefix, so ids that restart per dataset stay unique.
@@ -474,12 +481,45 @@ def convert(
                 row["question"] = search_r1_question(row["question"])
         rows += part
     _require_unique(rows, ", ".join(str(p) for p in paths))
+    default_split = split or _split_of(paths[0]) or "train"
+    template = prompt_template or DEFAULT_PROMPT_TEMPLATE
+    if by_source:
+        _write_by_source(rows, output, target_format, split, default_split, template)
+        return ConvertResult(rows, paths, output, source_format, target_format)
     written = write_rows(
-        rows,
-        output,
-        target_format,
-        data_source=data_source,
-        split=split or _split_of(paths[0]) or "train",
-        prompt_template=prompt_template or DEFAULT_PROMPT_TEMPLATE,
+        rows, output, target_format, data_source=data_source, split=default_split, prompt_template=template
     )
     return ConvertResult(rows, paths, written, source_format, target_format)
+
+
+def _write_by_source(
+    rows: Sequence[dict[str, Any]],
+    output: Path,
+    target_format: str,
+    split: str | None,
+    default_split: str,
+    template: str,
+) -> list[Path]:
+    from searchrl.evaluation.benchmarks import BENCHMARKS
+
+    if output.suffix in (".jsonl", ".parquet", ".gz", ".json"):
+        raise ConvertError(f"{output}: with --by-source the output is a folder (one sub-folder per dataset)")
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        source = row.get("data_source")
+        if not source:
+            raise ConvertError(
+                f"row {row['id']!r}: no data_source, so --by-source cannot tell its dataset; pass --data-source NAME"
+            )
+        groups.setdefault(str(source), []).append(row)
+    paper_split = {b.name: b.search_r1_split for b in BENCHMARKS}
+    suffix = ".parquet" if target_format == "search-r1" else ".jsonl"
+    written = []
+    for source, part in groups.items():
+        name = split or paper_split.get(source) or default_split
+        written.append(
+            write_rows(
+                part, output / source / f"{name}{suffix}", target_format, split=name, prompt_template=template
+            )
+        )
+    return written
