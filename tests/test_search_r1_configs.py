@@ -166,7 +166,7 @@ def test_ppo_recipe_runs_one_step_at_toy_size(toy, name):
     assert len(trajs) == 4 and all(t.answer == "Orvel" and len(t.tool_calls) == 1 for t in trajs)
     for t in trajs:
         assert t.messages[0]["content"] == cfg.system_prompt
-        assert t.observations and t.observations[0].startswith("\n\n<information>")
+        assert t.observations and t.observations[0].startswith("\n\n<information>Doc 1 (Title: Entity0) ")
         assert t.retrieved and len(t.tool_calls[0].doc_ids) == 3  # top-3, as the recipe says
         # Retrieved-token masking: no observation token is an action token.
         for span in t.spans:
