@@ -137,5 +137,8 @@ def test_load_qa_on_broken_json_and_missing_question(tmp_path):
 
 
 def test_viewer_on_a_folder_without_trajectories_says_how_to_get_them(tmp_path):
+    out = run_cli("view", str(tmp_path))  # an empty folder is no run: say what a valid target is
+    assert "not a run, a demo or a trajectories file" in out and "trajectories/" in out
+    (tmp_path / "config.yaml").write_text("seed: 1\n")  # a run trained without saving trajectories
     out = run_cli("view", str(tmp_path))
     assert "trajectories/" in out and "save_trajectories" in out
