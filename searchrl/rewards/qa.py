@@ -5,9 +5,11 @@ agent papers use, so our numbers compare with theirs: lower case, drop ASCII pun
 articles a/an/the, collapse white space. `exact_match` and `f1_score` take one gold or a list of gold
 aliases and return the maximum over them.
 
-Empty strings (defined here because SQuAD v1.1 leaves them implicit): two strings that both normalise to
-"" are an exact match and have F1 1.0; if only one side is empty, F1 is 0.0. An empty list of golds is a
-data error and raises.
+Empty strings follow the official SQuAD v1.1 script to the letter: two strings that both normalise to ""
+are an exact match (EM 1.0) but share no token, so their F1 is 0.0 (the script returns 0 when no token is
+common); "a an the" against "the" is EM 1, F1 0. (SQuAD v2's script scores that F1 1; we follow v1.1, as
+Search-R1 and FlashRAG do.) One empty side is EM 0 and F1 0. An empty list of golds is a data error and
+raises.
 
 The trajectory rewards (`ExactMatchReward`, `F1Reward`, `ContainsReward`) read only `traj.answer`, never
 observation text, and score 0 when the answer is longer than `max_answer_words`: listing candidates must
@@ -55,9 +57,7 @@ def _exact_match_one(prediction: str, gold: str) -> float:
 def _f1_one(prediction: str, gold: str) -> float:
     pred_tokens = normalize_answer(prediction).split()
     gold_tokens = normalize_answer(gold).split()
-    if not pred_tokens or not gold_tokens:
-        # Both empty is a match; one empty shares nothing with the other.
-        return float(pred_tokens == gold_tokens)
+    # SQuAD v1.1: no common token -> 0, which includes both sides empty (EM is 1 there).
     overlap = sum((Counter(pred_tokens) & Counter(gold_tokens)).values())
     if overlap == 0:
         return 0.0
