@@ -126,6 +126,7 @@ class RunDir:
     manifest = property(lambda self: self.root / "manifest.json")
     metrics = property(lambda self: self.root / "metrics.jsonl")
     report = property(lambda self: self.root / "report.html")
+    best_checkpoint = property(lambda self: self.root / "best_checkpoint.json")
     checkpoints = property(lambda self: self.root / "checkpoints")
     trajectories = property(lambda self: self.root / "trajectories")
     eval = property(lambda self: self.root / "eval")
@@ -546,12 +547,20 @@ class RunReader:
                     "train first, or pass --model PATH"
                 )
             return found / "policy", found.name
+        if checkpoint == "best":
+            best = root / "best_checkpoint.json"
+            if not best.is_file():
+                raise FileNotFoundError(
+                    f"{best}: no best checkpoint recorded (the run had no dev evaluation, or best_metric: null); "
+                    "use latest, initial or step-N"
+                )
+            checkpoint = str(json.loads(best.read_text(encoding="utf-8"))["checkpoint"])
         name = checkpoint if checkpoint.startswith("step-") else f"step-{checkpoint}"
         folder = root / "checkpoints" / name
         if not (folder / "policy").is_dir():
             available = sorted(p.name for p in (root / "checkpoints").glob("step-*"))
             raise FileNotFoundError(
-                f"{folder}/policy not found; checkpoints here: {available or 'none'} (use step-N, latest or initial)"
+                f"{folder}/policy not found; checkpoints here: {available or 'none'} (use step-N, latest, best or initial)"
             )
         return folder / "policy", name
 

@@ -80,8 +80,9 @@ def eval_command(
         str | None,
         typer.Option(
             "--checkpoint",
-            help="Checkpoint of the run: 'latest' (default), 'step-N', N, or 'initial' (the policy the run "
-            "started from: policy_model_path, or a demo's sft/policy).",
+            help="Checkpoint of the run: 'latest' (default), 'step-N', N, 'best' (the best dev evaluation by the "
+            "run's best_metric, see RUN/best_checkpoint.json), or 'initial' (the policy the run started from: "
+            "policy_model_path, or a demo's sft/policy).",
         ),
     ] = None,
     model: Annotated[

@@ -372,6 +372,15 @@ class PPOConfig:
     )
     progress_bar: bool = field(default=True, metadata=_help("Show a rich progress bar while training."))
 
+    best_metric: str | None = field(
+        default="eval/reward",
+        metadata=_help(
+            "Keep the checkpoint of the dev evaluation with the highest value of this metric (eval/reward, "
+            "eval/exact_match, eval/f1, ...): it is written when it is reached, never pruned, named in "
+            "RUN/best_checkpoint.json and evaluated with `searchrl eval --checkpoint best`; null: off."
+        ),
+    )
+
     # --- collapse guard: bounds on the mean over the last collapse_window steps; null turns one off ---
     collapse_guard: bool = field(
         default=False,
@@ -457,6 +466,7 @@ class PPOConfig:
         self._validate_optimisation()
         self._validate_counts()
         self._validate_collapse_guard()
+        self._validate_best_metric()
         self._validate_rollout_backend()
 
     # --- derived values ----------------------------------------------------------------------------
@@ -653,6 +663,15 @@ class PPOConfig:
             "collapse_format_min",
             self.collapse_format_min,
             "must be in [0, 1], or null to turn this check off",
+        )
+
+    def _validate_best_metric(self) -> None:
+        _require(
+            self.best_metric is None
+            or (isinstance(self.best_metric, str) and self.best_metric.startswith("eval/")),
+            "best_metric",
+            self.best_metric,
+            "must name a dev-evaluation metric such as eval/reward or eval/exact_match, or be null",
         )
 
     def _validate_counts(self) -> None:

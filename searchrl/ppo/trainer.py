@@ -173,6 +173,9 @@ class CollapseGuard:
         for k in ("loss/policy_avg", "loss/value_avg"):
             if k in metrics and not math.isfinite(metrics[k]):
                 reasons.append(f"{k} is not finite")
+        for k in ("health/nonfinite_logprobs", "health/skipped_updates"):
+            if metrics.get(k, 0.0) > 0:
+                reasons.append(f"{k} = {metrics[k]:g} (NaN or inf in the forward or backward pass)")
         return "; ".join(reasons) or None
 
     def reset_window(self) -> None:
@@ -397,6 +400,9 @@ class PPOTrainer:
         self.unverified_checkpoint: Path | None = None
         self.last_metrics: dict[str, float] = {}
         self.rollbacks = 0  # collapse-guard rollbacks so far (checkpointed, so a resumed run keeps count)
+        # The best dev evaluation so far by `best_metric` ({"step", "metric", "value"}) and its checkpoint.
+        self.best: dict[str, Any] | None = None
+        self.best_checkpoint: Path | None = None
         self.lr_scale = 1.0  # product of the guard's learning-rate cuts, re-applied after every load
         # The training clock (`time/train_s`, the x axis of the trainers-side-by-side plots): seconds spent
         # in the training loop, evaluation excluded, summed over sessions. Checkpointed, so a resumed run
@@ -680,6 +686,7 @@ class PPOTrainer:
         self.episode += len(trajs) * self.world_size
         n_action = action_mask.sum(1).clamp(min=1)
         non_score = (-kl_coef_used * kl * action_mask).sum(1)
+        health = self._health_metrics(trajs, old_logprobs, ref_logprobs, action_mask)
         metrics: dict[str, float] = {
             "step": self.global_step,
             "episode": self.episode,
@@ -699,6 +706,7 @@ class PPOTrainer:
             "rollout/seconds": t_rollout,
             "tokens_per_second": float(batch["attention_mask"].sum()) / max(time.perf_counter() - t0, 1e-9),
             **train_stats,
+            **health,
             **{k: float(v) for k, v in rollout_stats.items() if isinstance(v, int | float)},
         }
         metrics.update(self._reward_metrics(trajs))
@@ -726,6 +734,7 @@ class PPOTrainer:
             k: [] for k in ("pg", "vf", "pg_clip", "vf_clip", "approxkl", "ratio", "grad_norm")
         }
         gen = torch.Generator().manual_seed(a.seed + self.global_step)
+        skipped = 0
         for _epoch in range(a.num_ppo_epochs):
             perm = torch.randperm(B, generator=gen)
             for start in range(0, B, mb_size):
@@ -752,11 +761,18 @@ class PPOTrainer:
                     # The engine clipped and stepped at its accumulation boundary (NOT run here).
                     grad_norm = self.wrapped_model.get_global_grad_norm() or 0.0
                 else:
+                    # max_grad_norm null: measure the norm, clip nothing.
+                    limit = a.max_grad_norm if a.max_grad_norm is not None else float("inf")
                     grad_norm = torch.nn.utils.clip_grad_norm_(
-                        [p for p in self.model.parameters() if p.requires_grad], a.max_grad_norm
+                        [p for p in self.model.parameters() if p.requires_grad], limit
                     )
                 stats["grad_norm"].append(float(grad_norm))
-                self.optimizer.step()
+                if math.isfinite(float(grad_norm)) or self.uses_deepspeed:
+                    self.optimizer.step()
+                else:
+                    # A NaN/inf gradient would poison every weight it touches: skip this update (counted in
+                    # health/skipped_updates; the collapse guard treats it as a collapse).
+                    skipped += 1
                 self.lr_scheduler.step()
                 self.optimizer.zero_grad(set_to_none=True)
         self.model.eval()
@@ -771,6 +787,7 @@ class PPOTrainer:
             "policy/first_ratio": stats["ratio"][0],
             "policy/first_approxkl": stats["approxkl"][0],
             "grad_norm": float(np.mean(stats["grad_norm"])),
+            "health/skipped_updates": float(skipped),
         }
 
     def _micro_batch_backward(self, mb: dict[str, torch.Tensor], mb_tokens: torch.Tensor) -> dict[str, float]:
@@ -799,6 +816,29 @@ class PPOTrainer:
             "approxkl": float(pg_stats["approxkl"]),
             "ratio": float(pg_stats["ratio"]),
         }
+
+    @staticmethod
+    def _health_metrics(
+        trajs: list[Trajectory], logprobs: torch.Tensor, ref_logprobs: torch.Tensor, action_mask: torch.Tensor
+    ) -> dict[str, float]:
+        """What collapsing runs show first (Search-R1 #88/#89, LLDS): non-finite logprobs, and the likelihood
+        of the policy's own sampled tokens, overall and on the episodes it got right, falling step after step."""
+        from searchrl.rewards.qa import exact_match
+
+        valid = action_mask.bool()
+        finite = torch.isfinite(logprobs) & torch.isfinite(ref_logprobs)
+        out = {"health/nonfinite_logprobs": float((valid & ~finite).sum())}
+        safe = torch.where(finite, logprobs, torch.zeros_like(logprobs))
+        per_traj = (safe * action_mask).sum(1) / action_mask.sum(1).clamp(min=1)
+        out["objective/logprob_per_token"] = float(masked_mean(safe, action_mask))
+        right = [
+            i
+            for i, t in enumerate(trajs)
+            if t.answer is not None and t.golds and exact_match(t.answer, t.golds)
+        ]
+        if right:
+            out["objective/logprob_per_token_correct"] = float(per_traj[right].mean())
+        return out
 
     def _reward_metrics(self, trajs: list[Trajectory]) -> dict[str, float]:
         out: dict[str, float] = {}
@@ -884,6 +924,11 @@ class PPOTrainer:
         line = {"step": 0, "episode": self.episode, **clock, **self.evaluate()}
         if self.is_main:
             append_jsonl(self.run.metrics, line)
+        if self._is_new_best(line):  # the warm start itself may stay the best policy of the run
+            existing = self.run.checkpoint_dir(0)
+            self._record_best(
+                existing if (existing / "trainer_state.json").exists() else self.save_checkpoint()
+            )
         self._callback("on_log", logs=line)
 
     # -----------------------------------------------------------------------------------------
@@ -962,6 +1007,7 @@ class PPOTrainer:
             "last_metrics": self.last_metrics,
             "rollbacks": self.rollbacks,
             "lr_scale": self.lr_scale,
+            "best": self.best,
             **self.clock(),
             "time/eval_s": self.eval_seconds,
         }
@@ -980,7 +1026,7 @@ class PPOTrainer:
             (p for p in self.run.checkpoints.glob("step-*") if (p / "trainer_state.json").exists()),
             key=lambda p: int(p.name.split("-")[1]),
         )
-        protected = {keep, self.last_good_checkpoint, self.unverified_checkpoint}
+        protected = {keep, self.last_good_checkpoint, self.unverified_checkpoint, self.best_checkpoint}
         for old in done[: max(0, len(done) - limit)]:
             if old not in protected:
                 shutil.rmtree(old, ignore_errors=True)
@@ -1013,6 +1059,11 @@ class PPOTrainer:
         self.last_metrics = state.get("last_metrics", {})
         self.rollbacks = int(state.get("rollbacks", 0))
         self.lr_scale = float(state.get("lr_scale", 1.0))
+        if restore_clock:  # a rollback keeps the best found so far; a resumed run takes the checkpoint's
+            self.best = state.get("best")
+            self.best_checkpoint = (
+                self.run.checkpoint_dir(int(self.best["step"])) if self.best is not None else None
+            )
         if restore_clock:
             self.train_seconds = float(state.get("time/train_s", 0.0))
             self.eval_seconds = float(state.get("time/eval_s", 0.0))
@@ -1082,11 +1133,15 @@ class PPOTrainer:
                     append_jsonl(self.run.metrics, metrics)
                 self._callback("on_log", logs=metrics)
                 self._callback("on_step_end")
-                if not rollback and a.save_steps and self.global_step % a.save_steps == 0:
+                improved = not rollback and self._is_new_best(metrics)
+                regular = not rollback and a.save_steps and self.global_step % a.save_steps == 0
+                if regular or improved:
                     saved = self.save_checkpoint()
-                    if a.collapse_guard:
+                    if improved:
+                        self._record_best(saved)
+                    if regular and a.collapse_guard:
                         self.unverified_checkpoint = saved
-                    else:
+                    elif regular:
                         self.last_good_checkpoint = saved
                 progress.update(
                     task,
@@ -1101,6 +1156,23 @@ class PPOTrainer:
         self._stop_clock()
         self._callback("on_train_end")
         return self.last_metrics
+
+    def _is_new_best(self, metrics: dict[str, Any]) -> bool:
+        """True (and `self.best` updated) when this step's dev evaluation beats the best `best_metric`."""
+        name = self.args.best_metric
+        value = metrics.get(name) if name else None
+        if not isinstance(value, int | float) or not math.isfinite(value):
+            return False
+        if self.best is not None and value <= self.best["value"]:
+            return False
+        self.best = {"step": self.global_step, "metric": name, "value": float(value)}
+        return True
+
+    def _record_best(self, checkpoint: Path) -> None:
+        """The best checkpoint is never pruned and is named in `RUN/best_checkpoint.json`."""
+        self.best_checkpoint = checkpoint
+        if self.is_main and self.best is not None:
+            atomic_write_json(self.run.best_checkpoint, {**self.best, "checkpoint": checkpoint.name})
 
     def _collapse_check(self, metrics: dict[str, float]) -> bool:
         """Roll back to the last good checkpoint with a lower learning rate when the guard fires.

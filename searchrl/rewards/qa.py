@@ -117,15 +117,28 @@ class ExactMatchReward:
 
 @dataclass(frozen=True)
 class F1Reward:
-    """Token F1 of the final answer against the best gold alias; its precision term penalises stuffing."""
+    """Token F1 of the final answer against the best gold alias; its precision term penalises stuffing.
+
+    `no_answer` is the value of an episode without a (capped) answer. Search-R1++ (arXiv 2602.19526) reports
+    that an F1 reward alone collapses into not answering: a partial answer costs as much as none, and
+    searching on is cheaper than committing. A negative `no_answer` (e.g. -0.1) makes ending without an
+    answer cost more than a wrong one; 0 keeps F1 as it is.
+    """
 
     max_answer_words: int = field(
         default=16, metadata={"help": "Answers with more normalised words than this score 0 (0 = no cap)."}
     )
+    no_answer: float = field(
+        default=0.0,
+        metadata={
+            "help": "Value when the episode has no answer (or one over the cap); negative = the action penalty "
+            "that keeps an F1-trained policy from learning not to answer."
+        },
+    )
 
     def __call__(self, traj: Trajectory) -> float:
         answer = _capped_answer(traj, self.max_answer_words)
-        return 0.0 if answer is None else f1_score(answer, traj.golds)
+        return self.no_answer if answer is None else f1_score(answer, traj.golds)
 
 
 @dataclass(frozen=True)
