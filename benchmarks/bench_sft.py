@@ -67,7 +67,9 @@ def measure(run: Path, steps: int, batch: int, trl_loss: bool, bf16: bool, threa
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--run", required=True, help="A finished demo run directory.")
     parser.add_argument("--steps", type=int, default=20, help="Optimizer steps per setting.")
     parser.add_argument("--batches", type=int, nargs="+", default=[16, 32, 64], help="Batch sizes.")
