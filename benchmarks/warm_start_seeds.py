@@ -55,6 +55,38 @@ def two_word_copy(trajs: list[Any]) -> dict[str, float]:
     }
 
 
+def copy_probe(world: Any, cfg: Any, questions: int, every: int, log: list[dict[str, Any]]) -> Any:
+    """A TrainerCallback that evaluates the policy greedily on `questions` dev questions every `every` steps of
+    each SFT phase: when does copying switch on (exact match, first and second word of two-word answers)?"""
+    from transformers import TrainerCallback
+
+    from searchrl.evaluation.evaluate import evaluate_with_ppo_limits
+
+    dev = world.dev_rows[:questions]
+    phase = {"index": -1}
+
+    class CopyProbe(TrainerCallback):
+        def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            phase["index"] += 1
+
+        def on_step_end(self, args: Any, state: Any, control: Any, model: Any = None, **kw: Any) -> None:
+            if state.global_step % every:
+                return
+            was_training = model.training
+            result = evaluate_with_ppo_limits(model, world.tokenizer, dev, world.env_factory, cfg.ppo, seed=0)
+            model.train(was_training)
+            row = {
+                "phase": phase["index"],
+                "step": state.global_step,
+                "exact_match": result.summary["exact_match"],
+            }
+            row.update(two_word_copy(result.trajectories))
+            log.append(row)
+            print(json.dumps(row), flush=True)
+
+    return CopyProbe()
+
+
 def worker(spec: dict[str, Any]) -> dict[str, Any]:
     import torch
 
@@ -70,8 +102,12 @@ def worker(spec: dict[str, Any]) -> dict[str, Any]:
     clock = StageClock(False)
     world = prepare_world(cfg, out, clock)
     sft_cfg = dataclasses.replace(cfg.sft, seed=cfg.seed, output_dir=str(out / "sft" / "trainer"))
+    probes: list[dict[str, Any]] = []
+    callbacks = []
+    if spec.get("probe_every"):
+        callbacks.append(copy_probe(world, cfg, spec["probe_questions"], spec["probe_every"], probes))
     t0 = time.perf_counter()
-    sft = run_sft(world.policy, world.tokenizer, world.demos, sft_cfg)
+    sft = run_sft(world.policy, world.tokenizer, world.demos, sft_cfg, callbacks=callbacks)
     sft_seconds = time.perf_counter() - t0
     sft.policy.save_pretrained(out / "sft" / "policy")
     world.tokenizer.save_pretrained(out / "sft" / "policy")
@@ -92,6 +128,7 @@ def worker(spec: dict[str, Any]) -> dict[str, Any]:
         "expert_seconds": clock.timings.get("expert"),
         "final_loss": sft.losses[-1] if sft.losses else None,
         "losses": sft.losses,
+        "probes": probes,
         "num_demonstrations": len(world.demos),
     }
 
@@ -106,6 +143,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--label", default="", help="Name of this recipe (default: from --set).")
     parser.add_argument("--dev-questions", type=int, default=100, help="Dev questions evaluated.")
     parser.add_argument("--jobs", type=int, default=1, help="Seeds run at once (worker processes).")
+    parser.add_argument(
+        "--probe-every", type=int, default=0, help="Evaluate on dev every N SFT steps of each phase (0: off)."
+    )
+    parser.add_argument("--probe-questions", type=int, default=48, help="Dev questions per probe.")
     parser.add_argument("--threads", type=int, default=2, help="torch threads in all, split over jobs.")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -132,6 +173,8 @@ def main(argv: list[str] | None = None) -> int:
             "seed": seed,
             "overrides": overrides,
             "dev_questions": args.dev_questions,
+            "probe_every": args.probe_every,
+            "probe_questions": args.probe_questions,
             "threads": threads,
         }
         for seed in args.seeds
@@ -144,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
         "seeds": args.seeds,
         "dev_exact_match": ems,
         "mean_dev_exact_match": sum(ems) / len(ems),
-        "results": [{k: v for k, v in r.items() if k != "losses"} for r in results],
+        "results": [{k: v for k, v in r.items() if k not in ("losses", "probes")} for r in results],
     }
     write_json(Path(args.out) / f"{label}.json", table)
     print(json.dumps(clean_json({k: table[k] for k in ("label", "dev_exact_match", "mean_dev_exact_match")})))

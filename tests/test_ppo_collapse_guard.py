@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from searchrl.ppo.config import PPOConfig
-from searchrl.ppo.trainer import CollapseGuard
+from searchrl.ppo.guard import CollapseGuard
 
 
 def _args(**kw) -> PPOConfig:

@@ -122,3 +122,28 @@ def test_f1_no_answer_penalty():
     assert F1Reward(no_answer=-0.1)(traj("London")) == 0.0  # a wrong answer still beats none
     assert F1Reward(no_answer=-0.1, max_answer_words=2)(traj("a b c d")) == -0.1  # over the cap: none
     assert F1Reward(no_answer=-0.1)(traj("Paris")) == 1.0
+
+
+def test_logging_steps_samples_betas_and_run_name_are_honoured(world, tmp_path):
+    trainer = make_trainer(
+        world,
+        tmp_path,
+        total_episodes=20,  # 5 steps of 4
+        logging_steps=2,
+        num_sample_generations=2,
+        adam_beta1=0.8,
+        adam_beta2=0.95,
+        run_name="my-run",
+        eval_dataset=QA,
+        eval_steps=3,
+        num_eval_questions=2,
+    )
+    trainer.train()
+    run = tmp_path / "run"
+    steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [2, 3, 4, 5]  # every 2nd step, the evaluated step 3, and the last one
+    samples = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
+    assert sorted({s["step"] for s in samples}) == [2, 4, 5]  # every 5 // 2 steps, and the end
+    assert all(s["episode"] and s["question"] for s in samples)
+    assert {g["betas"] for g in trainer.optimizer.param_groups} == {(0.8, 0.95)}
+    assert trainer.hf_args.run_name == "my-run"

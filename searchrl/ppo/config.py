@@ -362,9 +362,18 @@ class PPOConfig:
         ),
     )
     num_eval_questions: int = field(default=64, metadata=_help("Dev questions per evaluation."))
-    logging_steps: int = field(default=1, metadata=_help("Log metrics every this many PPO steps."))
+    logging_steps: int = field(
+        default=1,
+        metadata=_help(
+            "Write a metrics.jsonl line (and call on_log) every this many PPO steps; steps that evaluate, roll "
+            "back or end the run are always written."
+        ),
+    )
     num_sample_generations: int = field(
-        default=10, metadata=_help("How many times over the run to log sample trajectories; 0: never.")
+        default=10,
+        metadata=_help(
+            "How many times over the run to write a few sampled episodes as text to RUN/samples.jsonl; 0: never."
+        ),
     )
     save_trajectories: bool = field(
         default=True,

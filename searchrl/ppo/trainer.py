@@ -50,7 +50,7 @@ from typing import Any
 import numpy as np
 import torch
 from accelerate import Accelerator
-from accelerate.utils import broadcast, gather_object
+from accelerate.utils import gather_object
 from torch import nn
 from transformers import get_scheduler
 
@@ -59,15 +59,15 @@ from searchrl.common.io import append_jsonl, atomic_write_json
 from searchrl.common.run import RunDir, build_manifest
 from searchrl.models.forward_patches import shares_storage
 from searchrl.ppo.advantages import (
-    WHITEN_EPS,
     apply_missing_eos_penalty,
     compute_gae,
     masked_explained_variance,
     masked_mean,
-    masked_whiten,
     place_rewards,
 )
 from searchrl.ppo.config import PPOConfig
+from searchrl.ppo.distributed import RankOps
+from searchrl.ppo.guard import CollapseGuard
 from searchrl.ppo.kl import kl_penalty, make_kl_controller, per_sequence_kl
 from searchrl.ppo.losses import policy_loss, value_loss
 from searchrl.ppo.modeling import (
@@ -122,76 +122,6 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.
     if float(mask.sum()) < 2:
         return float("nan")
     return masked_explained_variance(values, returns, mask)
-
-
-# ---------------------------------------------------------------------------------------------
-# The collapse guard: the most common complaint in search-agent RL is a run that collapses (entropy to
-# zero, KL exploding, format broken, reward falling) unnoticed. The guard watches a window of steps and,
-# when a bound is crossed, rolls back to the last good checkpoint and lowers the learning rate.
-# ---------------------------------------------------------------------------------------------
-
-
-class CollapseGuard:
-    def __init__(self, args: PPOConfig):
-        self.args = args
-        self.history: list[dict[str, float]] = []
-        self.best_reward: float | None = None
-        self.format_baseline: float | None = None  # format validity at the run's first step
-
-    def check(self, metrics: dict[str, float]) -> str | None:
-        """Return why the run is collapsing, or None when it is healthy."""
-        a = self.args
-        self.history.append(metrics)
-        window = self.history[-a.collapse_window :]
-        mean = {k: float(np.mean([m[k] for m in window if k in m])) for k in window[-1]}
-        reasons = []
-        if (
-            a.collapse_entropy_min is not None
-            and mean.get("objective/entropy_per_token", 1e9) < a.collapse_entropy_min
-        ):
-            reasons.append(
-                f"entropy per action token {mean['objective/entropy_per_token']:.3g} < {a.collapse_entropy_min}"
-            )
-        if a.collapse_kl_max is not None and mean.get("objective/kl", 0.0) > a.collapse_kl_max:
-            reasons.append(f"KL to reference {mean['objective/kl']:.3g} > {a.collapse_kl_max}")
-        if a.collapse_format_min is not None and mean.get("reward/format", 1.0) < a.collapse_format_min:
-            reasons.append(f"format validity {mean['reward/format']:.3g} < {a.collapse_format_min}")
-        if self.format_baseline is None and "reward/format" in metrics:
-            self.format_baseline = float(metrics["reward/format"])
-        drop, start = a.collapse_format_drop, self.format_baseline
-        if drop is not None and start is not None and mean.get("reward/format", start) < start - drop:
-            reasons.append(
-                f"format validity {mean['reward/format']:.3g} fell more than {drop} below its start {start:.3g}"
-            )
-        score = mean.get("objective/scores")
-        if score is not None:
-            drop = a.collapse_reward_drop
-            if drop is not None and self.best_reward is not None and score < self.best_reward - drop:
-                reasons.append(f"reward {score:.3g} fell more than {drop} below best {self.best_reward:.3g}")
-            if not reasons:
-                self.best_reward = score if self.best_reward is None else max(self.best_reward, score)
-        for k in ("loss/policy_avg", "loss/value_avg"):
-            if k in metrics and not math.isfinite(metrics[k]):
-                reasons.append(f"{k} is not finite")
-        for k in ("health/nonfinite_logprobs", "health/skipped_updates"):
-            if metrics.get(k, 0.0) > 0:
-                reasons.append(f"{k} = {metrics[k]:g} (NaN or inf in the forward or backward pass)")
-        return "; ".join(reasons) or None
-
-    def reset_window(self) -> None:
-        self.history.clear()
-
-    def state_dict(self) -> dict:
-        return {
-            "history": self.history,
-            "best_reward": self.best_reward,
-            "format_baseline": self.format_baseline,
-        }
-
-    def load_state_dict(self, d: dict) -> None:
-        self.history = list(d.get("history", []))
-        self.best_reward = d.get("best_reward")
-        self.format_baseline = d.get("format_baseline")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -269,6 +199,7 @@ class PPOTrainer:
         self.is_main = self.accelerator.is_main_process
         self.uses_deepspeed = getattr(self.accelerator.state, "deepspeed_plugin", None) is not None
         self.device = self.accelerator.device
+        self.ranks = RankOps(self.accelerator)  # sums, means, whitening and metrics over all ranks
         if args.mixed_precision == "fp16":
             raise ValueError(
                 "mixed_precision='fp16' needs loss scaling, which this trainer does not do; use 'bf16' "
@@ -337,6 +268,7 @@ class PPOTrainer:
                     },
                 ],
                 lr=args.learning_rate,
+                betas=(args.adam_beta1, args.adam_beta2),
                 eps=args.adam_epsilon,
                 weight_decay=args.weight_decay,
             )
@@ -399,6 +331,7 @@ class PPOTrainer:
         # are the first to measure them. It becomes the rollback target only when that check passes.
         self.unverified_checkpoint: Path | None = None
         self.last_metrics: dict[str, float] = {}
+        self.last_trajectories: list[Trajectory] = []
         self.rollbacks = 0  # collapse-guard rollbacks so far (checkpointed, so a resumed run keeps count)
         # The best dev evaluation so far by `best_metric` ({"step", "metric", "value"}) and its checkpoint.
         self.best: dict[str, Any] | None = None
@@ -435,57 +368,6 @@ class PPOTrainer:
 
             return prepare_deepspeed(model, self.accelerator)
         return model.to(self.device)
-
-    def _global_sum(self, value: torch.Tensor) -> torch.Tensor:
-        """Sum of a scalar tensor over all ranks (the tensor itself on one process)."""
-        if self.world_size == 1:
-            return value
-        total = value.detach().to(self.device, torch.float64).reshape(1)
-        return self.accelerator.reduce(total, reduction="sum").reshape(()).to(value.dtype).cpu()
-
-    def _global_mean(self, per_episode: torch.Tensor) -> float:
-        """Mean over every rank's episodes (all ranks hold equally many, so a mean of means is exact)."""
-        if self.world_size == 1:
-            return float(per_episode.mean())
-        return float(self._global_sum(per_episode.double().mean())) / self.world_size
-
-    def _whiten(self, values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True) -> torch.Tensor:
-        """`masked_whiten` with the mean and unbiased variance taken over all ranks' action tokens."""
-        if self.world_size == 1:
-            return masked_whiten(values, mask, shift_mean=shift_mean)
-        valid = mask.bool()
-        kept = torch.where(valid, values, torch.zeros_like(values)).double()
-        count = self._global_sum(valid.sum().double())
-        if float(count) < 2:
-            raise ValueError(
-                "whitening over all ranks needs at least 2 action tokens; use larger batches or set "
-                "whiten_advantages=False / whiten_rewards=False"
-            )
-        mean = self._global_sum(kept.sum()) / count
-        sq = self._global_sum((torch.where(valid, kept - mean, torch.zeros_like(kept)) ** 2).sum())
-        variance = sq / (count - 1)
-        whitened = (values.double() - mean) * torch.rsqrt(variance + WHITEN_EPS)
-        if not shift_mean:
-            whitened = whitened + mean
-        return torch.where(valid, whitened, torch.zeros_like(whitened)).to(values.dtype)
-
-    def _reduce_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
-        """The same metrics on every rank: means over ranks (maxima for `*max*` keys).
-
-        A key only some ranks report (e.g. search latency when one rank made no call) is averaged over
-        the ranks that have it. Percentiles and standard deviations become means of per-rank values.
-        """
-        if self.world_size == 1:
-            return metrics
-        per_rank = gather_object([metrics])
-        out: dict[str, float] = {}
-        for key in metrics.keys() | {k for m in per_rank for k in m}:
-            values = [float(m[key]) for m in per_rank if key in m]
-            out[key] = float(max(values)) if "max" in key else float(np.mean(values))
-        out["step"], out["episode"] = metrics["step"], metrics["episode"]
-        return dict(
-            sorted(out.items(), key=lambda kv: list(metrics).index(kv[0]) if kv[0] in metrics else 1e9)
-        )
 
     # -----------------------------------------------------------------------------------------
     # data and seeds
@@ -662,12 +544,12 @@ class PPOTrainer:
         kl = kl_penalty(old_logprobs, ref_logprobs, a.kl_estimator) * action_mask
         rewards = place_rewards(scores, kl, action_mask, self.kl_ctl.value)
         if a.whiten_rewards:
-            rewards = self._whiten(rewards, action_mask, shift_mean=False) * action_mask
+            rewards = self.ranks.whiten(rewards, action_mask, shift_mean=False) * action_mask
 
         # 5. advantages: GAE over action tokens only; returns from the raw advantages.
         advantages, returns = compute_gae(rewards, old_values * action_mask, action_mask, a.gamma, a.lam)
         if a.whiten_advantages:
-            advantages = self._whiten(advantages, action_mask) * action_mask
+            advantages = self.ranks.whiten(advantages, action_mask) * action_mask
 
         # 6. optimise
         train_stats = self._optimise(batch, old_logprobs, old_values * action_mask, advantages, returns)
@@ -678,7 +560,7 @@ class PPOTrainer:
         # 7. control: the KL controller sees the batch mean of per-trajectory summed KL (TRL's unit), over
         # all ranks, and counts the global batch, so every rank holds the same coefficient.
         seq_kl = per_sequence_kl(kl, action_mask)
-        mean_kl = self._global_mean(seq_kl)
+        mean_kl = self.ranks.mean(seq_kl)
         kl_coef_used = float(self.kl_ctl.value)  # the coefficient in this step's rewards, logged as such
         self.kl_ctl.update(mean_kl, a.batch_size)
 
@@ -710,11 +592,12 @@ class PPOTrainer:
             **{k: float(v) for k, v in rollout_stats.items() if isinstance(v, int | float)},
         }
         metrics.update(self._reward_metrics(trajs))
-        metrics = self._reduce_metrics(metrics)
+        metrics = self.ranks.reduce_metrics(metrics)
         self._save_trajectories(
             trajs, {"advantages": advantages, "kl": kl, "values": old_values * action_mask}
         )
         self.last_metrics = metrics
+        self.last_trajectories = trajs
         return metrics
 
     def _optimise(self, batch, old_logprobs, old_values, advantages, returns) -> dict[str, float]:
@@ -741,7 +624,7 @@ class PPOTrainer:
                 mb_idx = perm[start : start + mb_size]
                 # The token count of the whole mini-batch over all ranks: the weights below then give
                 # the token-level mean over the global mini-batch (DDP averages over ranks, hence x N).
-                mb_tokens = self._global_sum(full["action_mask"][mb_idx].sum()).clamp(min=1.0)
+                mb_tokens = self.ranks.sum(full["action_mask"][mb_idx].sum()).clamp(min=1.0)
                 micro_starts = list(range(0, len(mb_idx), micro))
                 for j, ustart in enumerate(micro_starts):
                     idx = mb_idx[ustart : ustart + micro]
@@ -944,10 +827,7 @@ class PPOTrainer:
 
     def _sync_clock(self) -> None:
         """Every rank takes the main process's readings (the ones it writes), so logged metrics agree."""
-        if self.world_size == 1:
-            return
-        both = torch.tensor([self.train_seconds, self.eval_seconds], dtype=torch.float64, device=self.device)
-        self.train_seconds, self.eval_seconds = (float(x) for x in broadcast(both, from_process=0).tolist())
+        self.train_seconds, self.eval_seconds = self.ranks.from_main(self.train_seconds, self.eval_seconds)
 
     def _start_clock(self) -> None:
         if self._clock_started is None:
@@ -1129,9 +1009,11 @@ class PPOTrainer:
                 if not rollback and self.unverified_checkpoint is not None:
                     # This step's rollouts came from the unverified weights and passed the guard.
                     self.last_good_checkpoint, self.unverified_checkpoint = self.unverified_checkpoint, None
-                if self.is_main:  # metrics are already the same on every rank: logged once
-                    append_jsonl(self.run.metrics, metrics)
-                self._callback("on_log", logs=metrics)
+                if self._should_log(metrics):
+                    if self.is_main:  # metrics are already the same on every rank: logged once
+                        append_jsonl(self.run.metrics, metrics)
+                    self._callback("on_log", logs=metrics)
+                self._log_samples(metrics)
                 self._callback("on_step_end")
                 improved = not rollback and self._is_new_best(metrics)
                 regular = not rollback and a.save_steps and self.global_step % a.save_steps == 0
@@ -1156,6 +1038,27 @@ class PPOTrainer:
         self._stop_clock()
         self._callback("on_train_end")
         return self.last_metrics
+
+    def _should_log(self, metrics: dict[str, Any]) -> bool:
+        """Every `logging_steps` steps, and always a step that evaluated, rolled back or ended the run."""
+        if self.global_step % self.args.logging_steps == 0 or self.global_step >= self.num_total_batches:
+            return True
+        return any(k.startswith(("eval/", "guard/")) for k in metrics)
+
+    def _log_samples(self, metrics: dict[str, Any]) -> None:
+        """`num_sample_generations` times over the run (TRL's field): a few of this step's episodes as text in
+        RUN/samples.jsonl (question, golds, the decoded episode after the prompt, answer, reward)."""
+        n = self.args.num_sample_generations
+        if not n or not self.is_main or not self.last_trajectories:
+            return
+        every = max(1, self.num_total_batches // n)
+        if self.global_step % every and self.global_step != self.num_total_batches:
+            return
+        for t in self.last_trajectories[:4]:
+            episode = self.tokenizer.decode(t.input_ids[t.prompt_length :], skip_special_tokens=False)
+            row = {"step": self.global_step, "id": t.id, "question": t.question, "golds": t.golds,
+                   "episode": episode, "answer": t.answer, "reward": t.reward}  # fmt: skip
+            append_jsonl(self.run.root / "samples.jsonl", row)
 
     def _is_new_best(self, metrics: dict[str, Any]) -> bool:
         """True (and `self.best` updated) when this step's dev evaluation beats the best `best_metric`."""
@@ -1250,6 +1153,7 @@ class PPOTrainer:
             use_cpu=not torch.cuda.is_available() or self.args.use_cpu,
             seed=self.args.seed,
             logging_steps=self.args.logging_steps,
+            run_name=self.args.run_name or Path(self.args.output_dir).name,
         )
         self.state = TrainerState()
         self.control = TrainerControl()

@@ -358,8 +358,13 @@ def run_sft(
     tokenizer: PreTrainedTokenizerBase,
     trajectories: Sequence[Trajectory],
     config: SFTWarmStartConfig | None = None,
+    callbacks: Sequence[TrainerCallback] = (),
 ) -> SFTOutcome:
-    """Fine-tune `policy` in place on `trajectories` with TRL's SFTTrainer; see the module docstring."""
+    """Fine-tune `policy` in place on `trajectories` with TRL's SFTTrainer; see the module docstring.
+
+    `callbacks` (transformers `TrainerCallback`s) join every phase's trainer; `state.global_step` restarts
+    at 0 in each phase.
+    """
     config = config or SFTWarmStartConfig()
     dataset = sft_dataset(trajectories, config.max_length)
     # The curriculum's phases come first: each a few steps at a constant learning rate after warm-up.
@@ -388,7 +393,7 @@ def run_sft(
                     phase_data,
                     phase_config,
                     config.output_dir or scratch,
-                    callbacks=[recorder],
+                    callbacks=[recorder, *callbacks],
                 )
                 result = trainer.train()
             policy = trainer.model

@@ -1,0 +1,83 @@
+"""What PPO computes over all ranks under `accelerate launch --num_processes N`; identities on one process.
+
+Each rank rolls out its own slice of the global batch, so every statistic that must be global goes through
+here: token counts for the micro-batch weights (sums), the KL fed to the controller (means), the whitening
+of rewards and advantages (mean and unbiased variance over every rank's action tokens), the logged metrics
+(means over ranks, maxima for `*max*` keys) and the training clock (the main process's readings).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from accelerate import Accelerator
+from accelerate.utils import broadcast, gather_object
+
+from searchrl.ppo.advantages import WHITEN_EPS, masked_whiten
+
+
+class RankOps:
+    """Collectives over the ranks of one `Accelerator`."""
+
+    def __init__(self, accelerator: Accelerator):
+        self.accelerator = accelerator
+        self.world_size = accelerator.num_processes
+        self.device = accelerator.device
+
+    def sum(self, value: torch.Tensor) -> torch.Tensor:
+        """Sum of a scalar tensor over all ranks (the tensor itself on one process)."""
+        if self.world_size == 1:
+            return value
+        total = value.detach().to(self.device, torch.float64).reshape(1)
+        return self.accelerator.reduce(total, reduction="sum").reshape(()).to(value.dtype).cpu()
+
+    def mean(self, per_episode: torch.Tensor) -> float:
+        """Mean over every rank's episodes (all ranks hold equally many, so a mean of means is exact)."""
+        if self.world_size == 1:
+            return float(per_episode.mean())
+        return float(self.sum(per_episode.double().mean())) / self.world_size
+
+    def whiten(self, values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True) -> torch.Tensor:
+        """`masked_whiten` with the mean and unbiased variance taken over all ranks' action tokens."""
+        if self.world_size == 1:
+            return masked_whiten(values, mask, shift_mean=shift_mean)
+        valid = mask.bool()
+        kept = torch.where(valid, values, torch.zeros_like(values)).double()
+        count = self.sum(valid.sum().double())
+        if float(count) < 2:
+            raise ValueError(
+                "whitening over all ranks needs at least 2 action tokens; use larger batches or set "
+                "whiten_advantages=False / whiten_rewards=False"
+            )
+        mean = self.sum(kept.sum()) / count
+        sq = self.sum((torch.where(valid, kept - mean, torch.zeros_like(kept)) ** 2).sum())
+        variance = sq / (count - 1)
+        whitened = (values.double() - mean) * torch.rsqrt(variance + WHITEN_EPS)
+        if not shift_mean:
+            whitened = whitened + mean
+        return torch.where(valid, whitened, torch.zeros_like(whitened)).to(values.dtype)
+
+    def reduce_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
+        """The same metrics on every rank: means over ranks (maxima for `*max*` keys).
+
+        A key only some ranks report (e.g. search latency when one rank made no call) is averaged over
+        the ranks that have it. Percentiles and standard deviations become means of per-rank values.
+        """
+        if self.world_size == 1:
+            return metrics
+        per_rank = gather_object([metrics])
+        out: dict[str, float] = {}
+        for key in metrics.keys() | {k for m in per_rank for k in m}:
+            values = [float(m[key]) for m in per_rank if key in m]
+            out[key] = float(max(values)) if "max" in key else float(np.mean(values))
+        out["step"], out["episode"] = metrics["step"], metrics["episode"]
+        return dict(
+            sorted(out.items(), key=lambda kv: list(metrics).index(kv[0]) if kv[0] in metrics else 1e9)
+        )
+
+    def from_main(self, *values: float) -> tuple[float, ...]:
+        """The main process's values on every rank."""
+        if self.world_size == 1:
+            return values
+        both = torch.tensor(values, dtype=torch.float64, device=self.device)
+        return tuple(float(x) for x in broadcast(both, from_process=0).tolist())

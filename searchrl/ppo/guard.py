@@ -1,0 +1,78 @@
+"""The collapse guard: the most common complaint in search-agent RL is a run that collapses (entropy to zero,
+KL exploding, format broken, reward falling, NaN in the passes) unnoticed. `CollapseGuard` watches the mean
+of a window of steps' metrics and says why a bound was crossed; the trainer then rolls back to the last good
+checkpoint and lowers the learning rate (`PPOTrainer._collapse_check`). Its state is checkpointed.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from searchrl.ppo.config import PPOConfig
+
+# ---------------------------------------------------------------------------------------------
+
+
+class CollapseGuard:
+    def __init__(self, args: PPOConfig):
+        self.args = args
+        self.history: list[dict[str, float]] = []
+        self.best_reward: float | None = None
+        self.format_baseline: float | None = None  # format validity at the run's first step
+
+    def check(self, metrics: dict[str, float]) -> str | None:
+        """Return why the run is collapsing, or None when it is healthy."""
+        a = self.args
+        self.history.append(metrics)
+        window = self.history[-a.collapse_window :]
+        mean = {k: float(np.mean([m[k] for m in window if k in m])) for k in window[-1]}
+        reasons = []
+        if (
+            a.collapse_entropy_min is not None
+            and mean.get("objective/entropy_per_token", 1e9) < a.collapse_entropy_min
+        ):
+            reasons.append(
+                f"entropy per action token {mean['objective/entropy_per_token']:.3g} < {a.collapse_entropy_min}"
+            )
+        if a.collapse_kl_max is not None and mean.get("objective/kl", 0.0) > a.collapse_kl_max:
+            reasons.append(f"KL to reference {mean['objective/kl']:.3g} > {a.collapse_kl_max}")
+        if a.collapse_format_min is not None and mean.get("reward/format", 1.0) < a.collapse_format_min:
+            reasons.append(f"format validity {mean['reward/format']:.3g} < {a.collapse_format_min}")
+        if self.format_baseline is None and "reward/format" in metrics:
+            self.format_baseline = float(metrics["reward/format"])
+        drop, start = a.collapse_format_drop, self.format_baseline
+        if drop is not None and start is not None and mean.get("reward/format", start) < start - drop:
+            reasons.append(
+                f"format validity {mean['reward/format']:.3g} fell more than {drop} below its start {start:.3g}"
+            )
+        score = mean.get("objective/scores")
+        if score is not None:
+            drop = a.collapse_reward_drop
+            if drop is not None and self.best_reward is not None and score < self.best_reward - drop:
+                reasons.append(f"reward {score:.3g} fell more than {drop} below best {self.best_reward:.3g}")
+            if not reasons:
+                self.best_reward = score if self.best_reward is None else max(self.best_reward, score)
+        for k in ("loss/policy_avg", "loss/value_avg"):
+            if k in metrics and not math.isfinite(metrics[k]):
+                reasons.append(f"{k} is not finite")
+        for k in ("health/nonfinite_logprobs", "health/skipped_updates"):
+            if metrics.get(k, 0.0) > 0:
+                reasons.append(f"{k} = {metrics[k]:g} (NaN or inf in the forward or backward pass)")
+        return "; ".join(reasons) or None
+
+    def reset_window(self) -> None:
+        self.history.clear()
+
+    def state_dict(self) -> dict:
+        return {
+            "history": self.history,
+            "best_reward": self.best_reward,
+            "format_baseline": self.format_baseline,
+        }
+
+    def load_state_dict(self, d: dict) -> None:
+        self.history = list(d.get("history", []))
+        self.best_reward = d.get("best_reward")
+        self.format_baseline = d.get("format_baseline")
