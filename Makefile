@@ -34,7 +34,9 @@ demo: $(STAMP)
 demo-real: $(STAMP)
 	$(BIN)/searchrl demo --config configs/demo_real.yaml
 
+# tools/ensure_chromium.sh installs Debian's chromium for the viewer's headless test when it is missing.
 test: $(STAMP)
+	./tools/ensure_chromium.sh
 	$(BIN)/ruff check searchrl tests benchmarks
 	$(BIN)/ruff format --check searchrl tests benchmarks
 	$(BIN)/python -m pytest -q -p no:cacheprovider

@@ -81,10 +81,25 @@ def copy_probe(world: Any, cfg: Any, questions: int, every: int, log: list[dict[
                 "exact_match": result.summary["exact_match"],
             }
             row.update(two_word_copy(result.trajectories))
+            row["query_copy"] = query_copy(result.trajectories, dev)
             log.append(row)
             print(json.dumps(row), flush=True)
 
     return CopyProbe()
+
+
+def query_copy(trajs: list[Any], rows: list[dict[str, Any]]) -> float:
+    """Share of episodes whose first search query starts with the question's subject name, copied exactly."""
+    by_id = {str(r.get("id")): r for r in rows}
+    hits = n = 0
+    for t in trajs:
+        subject = str(by_id.get(t.question_id, {}).get("subject", ""))
+        if not subject:
+            continue
+        n += 1
+        query = str(t.tool_calls[0].arguments.get("query", "")) if t.tool_calls else ""
+        hits += query.startswith(subject)
+    return hits / max(1, n)
 
 
 def worker(spec: dict[str, Any]) -> dict[str, Any]:
@@ -124,6 +139,7 @@ def worker(spec: dict[str, Any]) -> dict[str, Any]:
         "ci95": {k: summary.get("ci95", {}).get(k) for k in ("exact_match", "f1")},
         "by_hops": {h: {k: g.get(k) for k in keys} for h, g in summary.get("by_hops", {}).items()},
         **two_word_copy(result.trajectories),
+        "query_copy": query_copy(result.trajectories, dev),
         "sft_seconds": round(sft_seconds, 1),
         "expert_seconds": clock.timings.get("expert"),
         "final_loss": sft.losses[-1] if sft.losses else None,

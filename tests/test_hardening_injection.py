@@ -8,7 +8,11 @@ lets no live markup into the context, and the attempts are counted in the traini
 
 from __future__ import annotations
 
+import unicodedata
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from test_hardening_support import build_world, make_trainer, read_metrics
 
 from searchrl.common.config import ConfigError
@@ -26,6 +30,7 @@ from searchrl.data.injection import (
 from searchrl.data.synthetic import expert_queries, generate, preset_config
 from searchrl.env.environment import EnvConfig, SearchEnvironment
 from searchrl.env.protocol import format_tool_call, parse_turn
+from searchrl.env.sanitize import sanitize_text
 from searchrl.env.tools import SEARCH_TOOL, ToolRegistry, ToolSpec
 from searchrl.rollout.trajectory import read_trajectories
 
@@ -159,3 +164,26 @@ def test_security_stats_count_attempts_denials_and_any_disallowed_execution():
         "security/denied_tool_calls": 1.0,
         "security/disallowed_executed": 1.0,
     }
+
+
+@settings(max_examples=200, deadline=None, database=None)
+@given(st.text(alphabet=st.characters(codec="utf-8"), max_size=80))
+def test_sanitized_text_keeps_no_control_or_bidi_character_and_its_length(text):
+    out = sanitize_text(text)
+    assert not any(unicodedata.category(c) == "Cc" and c not in "\t\n\r" for c in out.text)
+    assert not any("\u202a" <= c <= "\u202e" or "\u2066" <= c <= "\u2069" for c in out.text)
+    hidden = sum(
+        (unicodedata.category(c) == "Cc" and c not in "\t\n\r")
+        or "\u202a" <= c <= "\u202e"
+        or "\u2066" <= c <= "\u2069"
+        for c in text
+    )
+    assert out.control_characters == hidden
+    if out.injection_attempts == 0:  # only control characters replaced: one for one
+        assert len(out.text) == len(text)
+
+
+def test_a_document_with_nul_escape_and_bidi_bytes_reads_clean():
+    out = sanitize_text("Tirrow\x00 is\x1b[31m red\u202e; ok\ttab\nline")
+    assert out.text == "Tirrow\ufffd is\ufffd[31m red\ufffd; ok\ttab\nline"
+    assert out.control_characters == 3 and out.injection_attempts == 0

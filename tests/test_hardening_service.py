@@ -119,7 +119,11 @@ def test_openapi_driven_fuzz_never_gets_a_5xx(http, body_schemas, path):
     @settings(max_examples=150, **FUZZ)
     @given(body=mutated(schema))
     def run(body):
-        check_answer(path, body if isinstance(body, dict) else {}, http.post(path, json=body))
+        # json.dumps writes NaN and ±Infinity as bare tokens (httpx's json= refuses them): the server must
+        # meet them too, and answer 4xx or a clean 2xx, never a 5xx.
+        raw = json.dumps(body).encode()
+        resp = http.post(path, content=raw, headers={"content-type": "application/json"})
+        check_answer(path, body if isinstance(body, dict) else {}, resp)
 
     run()
 
@@ -186,3 +190,20 @@ def test_bounded_loopback_load_keeps_serving(server, tmp_path):
     assert report["requests"] >= 64
     assert report["latency_ms"]["p99"] > 0
     assert report["health_probes"] >= 2 and report["health_max_ms"] < 10_000
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"queries": ["Tirrow"], "topk": Infinity}',
+        b'{"queries": ["Tirrow"], "topk": NaN}',
+        b'{"queries": [-Infinity]}',
+        b'{"query": ["Tirrow"], "topk": 1e400}',
+    ],
+)
+def test_nan_and_infinity_tokens_get_a_4xx_that_names_the_field(http, raw):
+    path = "/batch_search" if b'"query"' in raw else "/retrieve"
+    resp = http.post(path, content=raw, headers={"content-type": "application/json"})
+    assert 400 <= resp.status_code < 500, resp.text
+    error = resp.json()["error"]
+    assert "topk" in error or "queries" in error, error

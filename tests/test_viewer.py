@@ -304,7 +304,10 @@ class DevTools:
 
 @pytest.fixture
 def chromium(tmp_path):
-    assert CHROMIUM, "Debian's chromium is needed: apt-get install chromium chromium-driver (.ci/run does)"
+    assert CHROMIUM, (
+        "Debian's chromium is needed: apt-get install chromium chromium-driver "
+        "(make test runs tools/ensure_chromium.sh, which installs them when it can)"
+    )
     port = free_port()
     cmd = [
         CHROMIUM,

@@ -11,6 +11,13 @@ would be dangerous if they reached the policy's context verbatim:
   inside the brackets): `parse_turn` or a reward function reading the trajectory would take them as
   markup.
 
+A third kind is noise that no reader sees but a tokenizer does: control characters (C0 except tab, newline
+and carriage return; DEL; C1) and the bidirectional overrides and isolates (U+202A-U+202E, U+2066-U+2069,
+the "Trojan Source" trick that makes text read differently from how it is stored). Byte-level BPE turns
+each into byte tokens a small model never saw; each becomes U+FFFD (the replacement character), one per
+character, so lengths and positions hold. They are not counted as injection attempts (broken scrapes hold
+them too), but `control_characters` in the result says how many were replaced.
+
 How: the angle brackets of every match are replaced by the look-alikes ``‹`` (U+2039) and ``›``
 (U+203A), and the bars of ``<|...|>`` by ``¦`` (U+00A6). People still read the text as it was; no
 tokenizer special token and no parser tag survives. Each neutralised match counts as one injection
@@ -28,7 +35,10 @@ PROTOCOL_TAGS = ("tool_call", "tool_response", "answer", "search", "information"
 _SPECIAL_TOKEN = re.compile(r"<\s*\|[^<>|]{0,64}\|\s*>")
 _PROTOCOL_TAG = re.compile(r"<\s*/?\s*(?:" + "|".join(PROTOCOL_TAGS) + r")\s*/?\s*>", re.IGNORECASE)
 
+_CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
 LEFT, RIGHT, BAR = "\u2039", "\u203a", "\u00a6"
+REPLACEMENT = "\ufffd"
 
 
 @dataclass(frozen=True)
@@ -37,6 +47,7 @@ class Sanitized:
 
     text: str
     injection_attempts: int
+    control_characters: int = 0
 
 
 def _defang(fragment: str) -> str:
@@ -46,6 +57,7 @@ def _defang(fragment: str) -> str:
 def sanitize_text(text: str, extra_tokens: Iterable[str] = ()) -> Sanitized:
     """Neutralise special tokens and protocol tags in `text` (see the module docstring)."""
     count = 0
+    text, controls = _CONTROL.subn(REPLACEMENT, text)
 
     def replace(match: re.Match[str]) -> str:
         nonlocal count
@@ -59,7 +71,7 @@ def sanitize_text(text: str, extra_tokens: Iterable[str] = ()) -> Sanitized:
         if token in text:
             count += text.count(token)
             text = text.replace(token, _defang_literal(token))
-    return Sanitized(text=text, injection_attempts=count)
+    return Sanitized(text=text, injection_attempts=count, control_characters=controls)
 
 
 def _defang_literal(token: str) -> str:
