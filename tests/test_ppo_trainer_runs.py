@@ -43,6 +43,14 @@ class KillAt(TrainerCallback):
         if self.event == "on_save":
             self._maybe_kill(state)
 
+    def on_step_end(self, args, state, control, **kw):
+        if self.event == "on_step_end":
+            self._maybe_kill(state)
+
+    def on_train_begin(self, args, state, control, **kw):
+        if self.event == "on_train_begin":
+            self._maybe_kill(state)
+
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
@@ -221,3 +229,27 @@ def test_collapse_guard_stops_after_collapse_max_rollbacks(world, tmp_path):
     rows = read_metrics(tmp_path)
     assert sum(1 for r in rows if r.get("guard/rollback")) == 1
     assert rows[-1]["guard/gave_up"] == 1.0
+
+
+def test_resume_drops_the_eval_trajectory_and_sample_files_a_killed_run_wrote_after_its_checkpoint(
+    world, tmp_path
+):
+    # Killed at the end of step 2 (logged, evaluated, trajectories and samples written), before checkpoint 2: on resume
+    # (stopped again right after the clean-up) nothing of step 2 may remain, as with GRPO's runs.
+    kw = dict(total_episodes=12, num_ppo_epochs=1, eval_steps=1, num_eval_questions=2)
+    kw.update(num_sample_generations=3, save_trajectories=True)
+    with pytest.raises(Killed):
+        trainer_for(world, tmp_path, callbacks=[KillAt("on_step_end", 2)], eval_rows=QA, **kw).train()
+    run = tmp_path / "run"
+    assert (run / "eval" / "step-2.json").exists() and (
+        run / "trajectories" / "step-000002.jsonl.gz"
+    ).exists()
+    assert 2 in {json.loads(line)["step"] for line in (run / "samples.jsonl").read_text().splitlines()}
+    with pytest.raises(Killed):
+        trainer_for(world, tmp_path, callbacks=[KillAt("on_train_begin", 1)], eval_rows=QA, **kw).train(
+            resume=True
+        )
+    assert sorted(p.name for p in (run / "eval").glob("step-*.json")) == ["step-1.json"]
+    assert sorted(p.name for p in (run / "trajectories").iterdir()) == ["step-000001.jsonl.gz"]
+    assert {json.loads(line)["step"] for line in (run / "samples.jsonl").read_text().splitlines()} == {1}
+    assert [r["step"] for r in read_raw_metrics(tmp_path)] == [1]

@@ -21,6 +21,7 @@ import importlib.metadata
 import json
 import platform
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -29,7 +30,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
 
-from searchrl.common.io import atomic_write_json
+from searchrl.common.io import atomic_write_json, atomic_write_text
 
 TRACKED_PACKAGES = (
     "torch",
@@ -114,6 +115,20 @@ def build_manifest(
     return manifest
 
 
+def step_of_name(name: str) -> int:
+    """`step-12.json` / `step-000012.jsonl.gz` / `step-12` -> 12; -1 for anything else."""
+    digits = name.removeprefix("step-").split(".")[0]
+    return int(digits) if name.startswith("step-") and digits.isdigit() else -1
+
+
+def _step_of_line(line: str) -> int:
+    """A JSONL line's `step` (0 without one); a torn or blank line counts as later than any step (dropped)."""
+    try:
+        return int(json.loads(line).get("step", 0))
+    except (ValueError, AttributeError, TypeError):
+        return 1 << 62
+
+
 class RunDir:
     """Paths of one run directory; creating it creates the folders."""
 
@@ -131,8 +146,32 @@ class RunDir:
     trajectories = property(lambda self: self.root / "trajectories")
     eval = property(lambda self: self.root / "eval")
 
+    samples = property(lambda self: self.root / "samples.jsonl")
+
     def write_manifest(self, manifest: dict) -> None:
         atomic_write_json(self.manifest, manifest)
+
+    def truncate_after(self, step: int) -> None:
+        """Resume's clean-up, the same for every trainer: drop what a killed run wrote after `step`.
+
+        Metric and sample lines with a later `step`, `eval/step-M.json`, `trajectories/step-M.jsonl.gz` with
+        M > step, and later checkpoints left incomplete (killed while saving). `step=-1` drops every line
+        (a run resumed at step 0 starts over, its step-0 evaluation included). Rewrites are atomic.
+        """
+        for log in (self.metrics, self.samples):
+            if log.exists():
+                kept = [
+                    line
+                    for line in log.read_text(encoding="utf-8").splitlines()
+                    if _step_of_line(line) <= step
+                ]
+                atomic_write_text(log, "".join(f"{line}\n" for line in kept))
+        for path in [*self.eval.glob("step-*.json"), *self.trajectories.glob("step-*.jsonl.gz")]:
+            if step_of_name(path.name) > step:
+                path.unlink()
+        for path in self.checkpoints.glob("step-*"):
+            if step_of_name(path.name) > step and not (path / "trainer_state.json").exists():
+                shutil.rmtree(path, ignore_errors=True)
 
     def checkpoint_dir(self, step: int) -> Path:
         return self.checkpoints / f"step-{step}"

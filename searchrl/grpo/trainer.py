@@ -715,29 +715,8 @@ class RunDirCallback(TrainerCallback):
 
 
 def truncate_run_after(run: RunDir, step: int) -> None:
-    """Drop what a killed run wrote after `step`: metrics lines, `eval/step-M.json`, trajectory files."""
-    if run.metrics.exists():
-        kept = [
-            line
-            for line in run.metrics.read_text(encoding="utf-8").splitlines()
-            if line.strip() and int(json.loads(line).get("step", 0)) <= step
-        ]
-        atomic_write_text(run.metrics, "".join(f"{line}\n" for line in kept))
-    for path in run.eval.glob("step-*.json"):
-        if _step_of(path.name) > step:
-            path.unlink()
-    for path in run.trajectories.glob("step-*.jsonl.gz"):
-        if _step_of(path.name) > step:
-            path.unlink()
-    for path in run.checkpoints.glob("step-*"):  # a later, incomplete checkpoint (killed while saving)
-        if _step_of(path.name) > step and not (path / "trainer_state.json").exists():
-            shutil.rmtree(path, ignore_errors=True)
-
-
-def _step_of(name: str) -> int:
-    """`step-12.json` / `step-000012.jsonl.gz` -> 12; -1 for anything else."""
-    digits = name.removeprefix("step-").split(".")[0]
-    return int(digits) if digits.isdigit() else -1
+    """Drop what a killed run wrote after `step` (`RunDir.truncate_after`, shared with PPO)."""
+    run.truncate_after(step)
 
 
 # ---------------------------------------------------------------------------------------------

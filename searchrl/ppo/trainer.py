@@ -963,7 +963,7 @@ class PPOTrainer:
             if self.is_main:
                 # Lines logged after the checkpoint go. A run resumed at step 0 starts over (its step-0
                 # evaluation included), so none of its lines stay.
-                self._truncate_metrics_after(self.global_step if self.global_step > 0 else -1)
+                self.run.truncate_after(self.global_step if self.global_step > 0 else -1)
         if self.global_step == 0 and self.is_main:
             save_config(a, self.run.config)
             self.run.write_manifest(
@@ -1058,7 +1058,7 @@ class PPOTrainer:
             episode = self.tokenizer.decode(t.input_ids[t.prompt_length :], skip_special_tokens=False)
             row = {"step": self.global_step, "id": t.id, "question": t.question, "golds": t.golds,
                    "episode": episode, "answer": t.answer, "reward": t.reward}  # fmt: skip
-            append_jsonl(self.run.root / "samples.jsonl", row)
+            append_jsonl(self.run.samples, row)
 
     def _is_new_best(self, metrics: dict[str, Any]) -> bool:
         """True (and `self.best` updated) when this step's dev evaluation beats the best `best_metric`."""
@@ -1120,23 +1120,6 @@ class PPOTrainer:
         if hasattr(self.lr_scheduler, "base_lrs"):
             self.lr_scheduler.base_lrs = [lr * factor for lr in self.lr_scheduler.base_lrs]
             self.lr_scheduler._last_lr = [g["lr"] for g in self.optimizer.param_groups]
-
-    def _truncate_metrics_after(self, step: int) -> None:
-        """On resume, drop log lines written after the checkpoint so the log has no duplicate steps."""
-        path = self.run.metrics
-        if not path.exists():
-            return
-        keep = []
-        for line in path.read_text(encoding="utf-8").splitlines():
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if row.get("step", 0) <= step:
-                keep.append(line)
-        from searchrl.common.io import atomic_write_text
-
-        atomic_write_text(path, "".join(line + "\n" for line in keep))
 
     # -----------------------------------------------------------------------------------------
     # transformers callbacks: report_to integrations (tensorboard, trackio, ...) plus the user's own
