@@ -641,3 +641,15 @@ def test_guard_is_itself_a_backend_with_typed_errors() -> None:
     assert env.guard is guard
     with pytest.raises(ValueError, match="failure_threshold"):
         BackendGuard(FakeBackend(), failure_threshold=0)
+
+
+def test_max_tool_calls_zero_means_no_search_in_the_environment_and_in_ppo_config() -> None:
+    from searchrl.ppo.config import PPOConfig
+
+    assert PPOConfig(output_dir="unused", max_tool_calls=0).env_config().max_tool_calls == 0
+    backend = FakeBackend()
+    env = make_env(backend, max_tool_calls=0, max_turns=3)
+    result = env.step(call("Paris"))
+    assert result.records[0].status == "over_budget" and backend.calls == []
+    with pytest.raises(ConfigError, match="max_tool_calls"):
+        EnvConfig(max_tool_calls=-1)

@@ -98,7 +98,11 @@ class EnvConfig:
         metadata={"help": "Policy turns per episode; the last one must answer (its calls are not run)."},
     )
     max_tool_calls: int = field(
-        default=4, metadata={"help": "Searches per episode; further calls get an 'over budget' observation."}
+        default=4,
+        metadata={
+            "help": "Searches per episode; further calls get an 'over budget' observation (0 = no search: "
+            "every call is over budget, a closed-book episode in the same protocol)."
+        },
     )
     max_total_tokens: int = field(
         default=1024, metadata={"help": "Tokens after the prompt (actions + observations) per episode."}
@@ -158,9 +162,10 @@ class EnvConfig:
             raise ConfigError(
                 f"citation_style: {self.citation_style!r} is not one of {list(CITATION_STYLES)}"
             )
+        if self.max_tool_calls < 0:
+            raise ConfigError(f"max_tool_calls: must be >= 0 (0 = no search), got {self.max_tool_calls}")
         for name in (
             "max_turns",
-            "max_tool_calls",
             "max_total_tokens",
             "topk",
             "max_topk",

@@ -192,13 +192,18 @@ class PPOConfig:
     max_turns: int = field(default=4, metadata=_help("Most assistant turns per episode."))
     max_tool_calls: int = field(
         default=4,
-        metadata=_help("Most tool calls per episode; further calls get an over-budget observation."),
+        metadata=_help(
+            "Most tool calls per episode; further calls get an over-budget observation (0 = no search)."
+        ),
     )
     max_new_tokens_per_turn: int = field(
         default=64, metadata=_help("Most tokens the policy may sample in one turn (TRL's response_length).")
     )
     max_episode_tokens: int = field(
-        default=1024, metadata=_help("Most tokens in a whole trajectory (prompt, actions and observations).")
+        default=1024,
+        metadata=_help(
+            "Most tokens after the prompt in one episode (actions and observations; EnvConfig's max_total_tokens)."
+        ),
     )
     max_observation_tokens: int = field(
         default=256, metadata=_help("A tool result longer than this many tokens is truncated.")
@@ -500,7 +505,7 @@ class PPOConfig:
         return EnvConfig(
             protocol=self.protocol,
             max_turns=self.max_turns,
-            max_tool_calls=max(1, self.max_tool_calls),
+            max_tool_calls=self.max_tool_calls,
             max_total_tokens=self.max_episode_tokens,
             max_observation_tokens=self.max_observation_tokens,
             topk=self.topk,
