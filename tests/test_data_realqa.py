@@ -270,7 +270,7 @@ def test_bm25_finds_the_supporting_paragraph(task, written):
     rows = [r for split in SPLITS for r in task.splits[split]]
     hot = supporting_recall(backend, [r for r in rows if r["source"] == "hotpotqa"])
     sq = supporting_recall(backend, [r for r in rows if r["source"] == "squad"])
-    # Measured on the shared 1,266-document corpus (README): HotpotQA any@1 0.72, any@3 0.87, all@3 0.36;
+    # Measured on the shared 1,266-doc corpus (docs/data.md): HotpotQA any@1 0.72, any@3 0.87, all@3 0.36;
     # SQuAD @1 0.78, @3 0.92. The question alone rarely finds both HotpotQA paragraphs: that is the 2nd hop.
     assert hot["n"] == 53 and sq["n"] == 4196
     assert hot["any@1"] >= 0.70 and hot["any@3"] >= 0.85 and 0.2 <= hot["all@3"] < hot["any@3"]
