@@ -121,11 +121,14 @@ class GRPORunConfig:
         metadata=_help("Longest turn (our_rollout; TRL's loop bounds each turn by max_episode_tokens only)."),
     )
     max_episode_tokens: int = field(
-        default=256,
-        metadata=_help("Tokens after the prompt, actions and observations (TRL's max_completion_length)."),
+        default=1024,
+        metadata=_help(
+            "Tokens after the prompt, actions and observations (TRL's max_completion_length; PPOConfig's "
+            "default, not TRL's 256, so both trainers' episodes have the same budget)."
+        ),
     )
     max_observation_tokens: int = field(
-        default=128, metadata=_help("Tokens per observation; longer ones are cut with '[... truncated]'.")
+        default=256, metadata=_help("Tokens per observation; longer ones are cut with '[... truncated]'.")
     )
     tool_schema_in_prompt: bool = field(
         default=True,

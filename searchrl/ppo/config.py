@@ -211,7 +211,8 @@ class PPOConfig:
     temperature: float = field(
         default=0.7,
         metadata=_help(
-            "Sampling temperature; logprobs (policy and reference) are computed at the same temperature."
+            "Sampling temperature; logprobs (policy and reference) are computed at the same temperature. "
+            "0.7 is TRL 1.12's PPOConfig default (GRPORunConfig keeps TRL GRPOConfig's 1.0; Search-R1 uses 1.0)."
         ),
     )
     eval_temperature: float = field(
