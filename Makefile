@@ -29,7 +29,7 @@ demo: $(STAMP)
 	$(BIN)/searchrl demo
 
 # The real loop (issue 17): SmolLM2-135M-Instruct on HotpotQA and SQuAD, baselines, SFT, PPO, evaluation
-# (configs/demo_real.yaml, runs/demo-real; README "The real loop"): within 60 minutes and 12 GB on 2 cores.
+# (configs/demo_real.yaml, runs/demo-real; docs/real_loop.md): within 60 minutes and 12 GB on 2 cores.
 .PHONY: demo-real
 demo-real: $(STAMP)
 	$(BIN)/searchrl demo --config configs/demo_real.yaml

@@ -222,7 +222,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         type=int,
         default=None,
         help="Episode budget of the GRPO trainers only (default: --episodes). For an equal wall-clock "
-        "comparison give GRPO the episodes that fit PPO's training seconds (README: PPO against GRPO).",
+        "comparison give GRPO the episodes that fit PPO's training seconds (docs/grpo.md: PPO against GRPO).",
     )
     p.add_argument("--plot", default=None, help="The figure (PNG; default: the JSON path with .png).")
     p.add_argument(

@@ -21,7 +21,7 @@ What `run_real_demo(cfg)` does, each stage with a progress line and its wall-clo
   9. eval ppo   the same evaluation; `summary.json` with 95% bootstrap intervals and the per-type breakdown
                 (bridge / comparison / squad)
 
-Why these shapes (README, "The real loop"): on two shared CPU cores a 135M-parameter model reads about a
+Why these shapes (docs/real_loop.md): on two CPU cores a 135M-parameter model reads about a
 hundred tokens a second while training, so every token of an episode is paid for many times. Hence
 search_r1 tags (a search costs its query plus two tags, not a JSON tool call), one document per search,
 observations cut at 160 tokens (90% of SQuAD golds stay visible), numbered citations, LoRA (fewer weight
@@ -132,7 +132,7 @@ def _ppo_default() -> PPOConfig:
         protocol="search_r1",  # <search>q</search>: a search costs its query plus two tags
         citation_style="number",  # [1], [2]: one token per citation
         topk=1,
-        max_observation_tokens=160,  # keeps 90% of SQuAD golds visible (README)
+        max_observation_tokens=160,  # keeps 90% of SQuAD golds visible (docs/real_loop.md)
         max_turns=3,  # the expert's two searches and its answer
         max_tool_calls=2,
         max_new_tokens_per_turn=64,  # a HotpotQA question copied as the query is up to ~50 tokens
@@ -140,7 +140,7 @@ def _ppo_default() -> PPOConfig:
         temperature=0.8,
         eval_temperature=0.01,
         missing_eos_penalty=0.1,
-        mixed_precision="bf16",  # autocast: about 1.8x faster forward passes on this CPU (README)
+        mixed_precision="bf16",  # autocast: about 1.8x faster forward passes on this CPU (docs/real_loop.md)
         value_mode="shared_backbone",  # no second 135M model on a CPU
         per_device_train_batch_size=4,
         gradient_accumulation_steps=4,

@@ -434,7 +434,7 @@ def evaluate_with_ppo_limits(
     """The demo's held-out measurement: greedy, with the PPO stage's rollout limits, 32 questions a batch.
 
     One function so that the demo, the trainer comparison and the experiments measure a final policy the
-    same way (their figures sit side by side in the README).
+    same way (their figures sit side by side in docs/real_loop.md).
     """
     config = dataclasses.replace(generation_config_from_ppo(ppo_config), seed=seed)
     return evaluate_policy(

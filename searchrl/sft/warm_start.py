@@ -15,7 +15,7 @@ The curriculum (`first_turn_steps > 0`): a tiny model trained from scratch has t
 name from its context (an induction circuit) before it can learn anything else here, and whole episodes
 (~200 tokens, a few copied tokens each) teach that slowly. So the warm start first trains on first turns
 alone (prompt + the tool call that copies the question's name: ~80 tokens, a batch of 64), then on the
-whole demonstrations. Measured on the demo's task (README, "The demo"): the first-turn phase turns on
+whole demonstrations. Measured on the demo's task (docs/demo.md): the first-turn phase turns on
 copying within ~300 steps, after which reading answers out of observations follows.
 
 CPU: TRL configs default to bf16, which fails on a CPU-only box, so `bf16` is ours (default False; True is
