@@ -6,17 +6,22 @@ with the format it has: a LevelDB-style log (7-byte header ":W&B" + magic + vers
 of checksum/length/type split across blocks) whose payloads are wandb's protobuf `Record`s. Every numeric line
 of metrics.jsonl must be in the history at its step, under transformers' `train/` prefix.
 
-trackio is not tested: it cannot be installed beside this lock file (trackio 0.43.0 requires pillow < 13 and
-the lock has pillow 13.0.0; pip backtracks to trackio 0.0.6, which pulls gradio 3.18). See docs/search_r1.md.
+`report_to: [trackio]` goes through transformers' TrackioCallback into trackio's local store: one SQLite file
+per project, `TRACKIO_DIR/<project>.db` (searchrl's project is "searchrl"), no server and no Space. The test
+reads that file with sqlite3 and refuses any socket connection or name lookup off this machine during the run.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
+import socket
+import sqlite3
 import struct
+import sys
 
 import pytest
-from test_ppo_trainer import build_world, make_trainer
+from test_ppo_trainer import QA, build_world, make_trainer
 
 BLOCK = 32768
 HEADER = 7
@@ -83,5 +88,93 @@ def test_ppo_metrics_reach_wandb_offline_at_their_steps(tmp_path, monkeypatch):
         numeric = {k: v for k, v in row.items() if isinstance(v, int | float) and k != "step"}
         for key in ("objective/kl", "objective/scores", "loss/policy_avg", "kl_coef", "lr", "episode"):
             assert key in numeric, key
+        for key, value in numeric.items():
+            assert logged[f"train/{key}"] == pytest.approx(value, rel=1e-6, abs=1e-12), key
+
+
+def _is_local(address) -> bool:
+    if isinstance(address, str | bytes):  # AF_UNIX
+        return True
+    host = address[0]
+    if host in ("localhost", ""):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def test_ppo_metrics_reach_trackio_local_store_offline(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRACKIO_DIR", str(tmp_path / "trackio"))
+    for var in ("TRACKIO_SPACE_ID", "TRACKIO_SERVER_URL", "TRACKIO_BUCKET_ID", "TRACKIO_DATASET_ID"):
+        monkeypatch.delenv(var, raising=False)
+    # trackio reads TRACKIO_DIR when it is imported: drop any copy an earlier test imported.
+    for name in [m for m in sys.modules if m == "trackio" or m.startswith("trackio.")]:
+        monkeypatch.delitem(sys.modules, name)
+    off_machine = []
+    real_connect, real_connect_ex, real_getaddrinfo = (
+        socket.socket.connect,
+        socket.socket.connect_ex,
+        socket.getaddrinfo,
+    )
+
+    def connect(sock, address):
+        if not _is_local(address):
+            off_machine.append(address)
+            raise OSError(f"test: no network ({address!r})")
+        return real_connect(sock, address)
+
+    def connect_ex(sock, address):
+        if not _is_local(address):
+            off_machine.append(address)
+            return 101  # ENETUNREACH
+        return real_connect_ex(sock, address)
+
+    def getaddrinfo(host, *args, **kw):
+        if not _is_local((host.decode() if isinstance(host, bytes) else host or "",)):
+            off_machine.append(host)
+            raise socket.gaierror(f"test: no network ({host!r})")
+        return real_getaddrinfo(host, *args, **kw)
+
+    monkeypatch.setattr(socket.socket, "connect", connect)
+    monkeypatch.setattr(socket.socket, "connect_ex", connect_ex)
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+
+    (tmp_path / "world").mkdir()
+    world = build_world(tmp_path / "world")
+    trainer = make_trainer(
+        world,
+        tmp_path,
+        total_episodes=8,
+        report_to=["trackio"],
+        eval_on_start=True,
+        eval_steps=2,
+        num_eval_questions=2,
+        eval_dataset=QA,
+    )
+    trainer.train()  # on_train_end: trackio.finish() flushes the run to the database
+    import trackio.utils
+
+    assert tmp_path / "trackio" == trackio.utils.TRACKIO_DIR
+    assert off_machine == []
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1, 2]
+    db = tmp_path / "trackio" / "searchrl.db"
+    assert db.exists(), sorted(str(p) for p in tmp_path.rglob("*.db"))
+    with sqlite3.connect(db) as conn:
+        stored = conn.execute("SELECT run_name, step, metrics FROM metrics ORDER BY id").fetchall()
+    assert {name for name, _, _ in stored} == {"run"}  # the run's name: the output_dir's name
+    by_step = {}
+    for _, _, metrics in stored:
+        logged = json.loads(metrics)
+        by_step[logged["train/global_step"]] = logged
+    assert sorted(by_step) == [0, 1, 2]
+    for row in rows:
+        logged = by_step[row["step"]]
+        numeric = {k: v for k, v in row.items() if isinstance(v, int | float) and k != "step"}
+        if row["step"]:
+            for key in ("objective/kl", "objective/scores", "loss/policy_avg", "kl_coef", "lr", "episode"):
+                assert key in numeric, key
+        assert "eval/exact_match" in numeric or row["step"] == 1
         for key, value in numeric.items():
             assert logged[f"train/{key}"] == pytest.approx(value, rel=1e-6, abs=1e-12), key

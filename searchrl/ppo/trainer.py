@@ -1137,6 +1137,7 @@ class PPOTrainer:
             seed=self.args.seed,
             logging_steps=self.args.logging_steps,
             run_name=self.args.run_name or Path(self.args.output_dir).name,
+            project="searchrl",  # trackio's project (transformers' default: "huggingface")
         )
         self.state = TrainerState()
         self.control = TrainerControl()
