@@ -425,6 +425,10 @@ def serve(
         workers=workers,
         log_level=log_level,
         access_log=False,
+        # The same event loop and HTTP parser whatever extras are installed (trackio pulls uvloop and
+        # httptools in through uvicorn[standard]): the load figures in docs/search.md were measured so.
+        loop="asyncio",
+        http="h11",
     )
 
 

@@ -467,4 +467,4 @@ def serve(target: str | Path, host: str = "127.0.0.1", port: int = 8765, log_lev
     import uvicorn
 
     app = create_app(target)
-    uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False)
+    uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False, loop="asyncio", http="h11")
