@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from searchrl.common.io import append_jsonl, atomic_write_json
+from searchrl.common.trajectory import write_trajectories
 from searchrl.data.synthetic import expert_queries, generate, preset_config
 from searchrl.env.environment import EnvConfig, SearchEnvironment
 from searchrl.env.protocol import format_answer, format_tool_call
@@ -40,7 +41,6 @@ from searchrl.models.tiny import TinyModelConfig, build_policy, tokenizer_traini
 from searchrl.rewards.combine import default_rubric, load_rubric
 from searchrl.rewards.qa import exact_match
 from searchrl.rollout.generator import GenerationConfig, HFGenerator, ScriptedPolicy
-from searchrl.rollout.trajectory import write_trajectories
 from searchrl.search.index import build_index
 
 REPO = Path(__file__).resolve().parents[1]

@@ -28,9 +28,9 @@ def measure(run: Path, steps: int, batch: int, trl_loss: bool, bf16: bool, threa
     import torch
 
     from searchrl.common.config import load_config
+    from searchrl.common.trajectory import read_trajectories
     from searchrl.demo.pipeline import DemoConfig
     from searchrl.models.tiny import build_policy, load_tokenizer
-    from searchrl.rollout.trajectory import read_trajectories
     from searchrl.sft.warm_start import run_sft
 
     torch.set_num_threads(threads)

@@ -167,10 +167,10 @@ def snapshot_entries(path: Path) -> int:
 # ---------------------------------------------------------------------------------------------------
 def record_snapshot(run: DemoRun, spec: dict[str, Any]) -> dict[str, Any]:
     """Record the replay snapshot (see the module docstring); returns what went into it."""
+    from searchrl.common.trajectory import read_trajectories
     from searchrl.env.environment import SearchEnvironment
     from searchrl.models.tiny import load_policy, load_tokenizer
     from searchrl.rollout.generator import GenerationConfig, HFGenerator
-    from searchrl.rollout.trajectory import read_trajectories
 
     t0 = time.perf_counter()
     path = Path(spec["path"])

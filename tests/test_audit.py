@@ -19,6 +19,7 @@ from typer.testing import CliRunner
 from searchrl.cli import app
 from searchrl.common.io import append_jsonl, atomic_write_json
 from searchrl.common.run import RunTargetError
+from searchrl.common.trajectory import ToolCallRecord, Trajectory, write_trajectories
 from searchrl.evaluation.audit import (
     EvalPoint,
     Thresholds,
@@ -30,7 +31,6 @@ from searchrl.evaluation.audit import (
     spearman,
 )
 from searchrl.rewards.combine import default_rubric, load_rubric
-from searchrl.rollout.trajectory import ToolCallRecord, Trajectory, write_trajectories
 
 REPO = Path(__file__).resolve().parents[1]
 GOLDS = ["Velmora", "Anna Berg", "Quessa", "Orlenn", "Tiberk", "Pale Coast", "Rhen Dals", "Marrow"]

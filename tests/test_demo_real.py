@@ -20,6 +20,7 @@ from typer.testing import CliRunner
 
 from searchrl.cli import app
 from searchrl.common.config import ConfigError, load_config
+from searchrl.common.trajectory import read_trajectories
 from searchrl.data.realqa import build_realqa
 from searchrl.demo.real import (
     BASELINE_FILES,
@@ -36,7 +37,6 @@ from searchrl.ppo.config import PPOConfig
 from searchrl.rewards.citation import citation_status
 from searchrl.rewards.qa import contains_answer
 from searchrl.rollout.generator import GenerationConfig
-from searchrl.rollout.trajectory import read_trajectories
 from searchrl.search.index import build_index
 from searchrl.sft.real_expert import RealExpert, RealExpertConfig, question_query
 from searchrl.sft.warm_start import sft_example

@@ -7,10 +7,10 @@ import pytest
 from test_env_environment import FakeBackend, call, make_env
 
 from searchrl.common.config import ConfigError
+from searchrl.common.trajectory import Trajectory
 from searchrl.env.environment import EnvConfig, SearchEnvironment
 from searchrl.env.protocol import format_answer, format_search_r1_call
 from searchrl.rewards.citation import CitationReward, classify_citations
-from searchrl.rollout.trajectory import Trajectory
 
 
 def answer(env: SearchEnvironment, text: str):

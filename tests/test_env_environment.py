@@ -12,10 +12,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from searchrl.common.config import ConfigError, load_config
+from searchrl.common.trajectory import TERMINATION_REASONS, TOOL_STATUSES
 from searchrl.env.environment import TRUNCATION_MARKER, EnvConfig, SearchEnvironment, step_batch
 from searchrl.env.protocol import format_answer, format_search_r1_call, format_tool_call, parse_turn
 from searchrl.env.tools import SEARCH_TOOL, ToolRegistry, ToolSpec
-from searchrl.rollout.trajectory import TERMINATION_REASONS, TOOL_STATUSES
 from searchrl.search.base import BadSearchRequest, Hit, SearchTimeout, SearchUnavailable
 
 DOCS = [

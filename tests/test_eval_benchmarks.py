@@ -19,6 +19,7 @@ from typer.testing import CliRunner
 from searchrl.cli import app
 from searchrl.common.config import save_config
 from searchrl.common.io import atomic_write_json, write_jsonl
+from searchrl.common.trajectory import read_trajectories
 from searchrl.env.protocol import format_answer, format_search_r1_call
 from searchrl.evaluation.benchmarks import (
     BENCHMARKS,
@@ -30,7 +31,6 @@ from searchrl.evaluation.report import write_report
 from searchrl.models.tiny import TinyModelConfig, build_policy, tokenizer_training_texts, train_tokenizer
 from searchrl.ppo.config import PPOConfig
 from searchrl.rollout.generator import HFGenerator, ScriptedPolicy
-from searchrl.rollout.trajectory import read_trajectories
 from searchrl.search.index import build_index
 
 runner = CliRunner()

@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from searchrl.common.trajectory import ToolCallRecord, Trajectory
 from searchrl.evaluation.evaluate import (
     bootstrap_ci,
     bootstrap_ratio_ci,
@@ -22,7 +23,6 @@ from searchrl.evaluation.evaluate import (
     trajectory_values,
 )
 from searchrl.rollout.generator import GenerationConfig
-from searchrl.rollout.trajectory import ToolCallRecord, Trajectory
 
 
 def traj(

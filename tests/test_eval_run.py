@@ -19,6 +19,7 @@ from typer.testing import CliRunner
 from searchrl.cli import app
 from searchrl.common.config import save_config
 from searchrl.common.io import atomic_write_json
+from searchrl.common.trajectory import read_trajectories
 from searchrl.data.synthetic import expert_queries, generate, preset_config
 from searchrl.env.environment import SearchEnvironment
 from searchrl.env.protocol import format_answer, format_tool_call
@@ -33,7 +34,6 @@ from searchrl.models.tiny import TinyModelConfig, build_policy, tokenizer_traini
 from searchrl.ppo.config import PPOConfig
 from searchrl.rewards.combine import default_rubric
 from searchrl.rollout.generator import HFGenerator, ScriptedPolicy
-from searchrl.rollout.trajectory import read_trajectories
 from searchrl.search.index import build_index
 
 TINY = TinyModelConfig(

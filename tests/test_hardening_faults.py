@@ -32,7 +32,7 @@ from test_hardening_support import (
 )
 from transformers import TrainerCallback
 
-from searchrl.rollout.trajectory import read_trajectories
+from searchrl.common.trajectory import read_trajectories
 from searchrl.search.client import HTTPBackend
 from searchrl.search.faults import FaultInjectingBackend
 

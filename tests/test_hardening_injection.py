@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from test_hardening_support import build_world, make_trainer, read_metrics
 
 from searchrl.common.config import ConfigError
+from searchrl.common.trajectory import read_trajectories
 from searchrl.data.injection import (
     ATTACK_KINDS,
     CANARY,
@@ -32,7 +33,6 @@ from searchrl.env.environment import EnvConfig, SearchEnvironment
 from searchrl.env.protocol import format_tool_call, parse_turn
 from searchrl.env.sanitize import sanitize_text
 from searchrl.env.tools import SEARCH_TOOL, ToolRegistry, ToolSpec
-from searchrl.rollout.trajectory import read_trajectories
 
 TASK = generate(preset_config("tiny", seed=0))
 TARGETS = TASK.splits["train"][:10]
@@ -146,8 +146,8 @@ def test_ppo_run_with_injected_index_and_an_obedient_policy_executes_nothing_for
 
 
 def test_security_stats_count_attempts_denials_and_any_disallowed_execution():
+    from searchrl.common.trajectory import ToolCallRecord, Trajectory
     from searchrl.rollout.stats import security_stats
-    from searchrl.rollout.trajectory import ToolCallRecord, Trajectory
 
     offered = [{"type": "function", "function": {"name": "search"}}]
     clean = Trajectory(id="a", question_id="a", question="?", golds=[], metadata={"tools": offered})

@@ -16,9 +16,9 @@ import json
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from searchrl.common.trajectory import TOOL_STATUSES
 from searchrl.env.protocol import format_answer, format_tool_call, parse_turn
 from searchrl.env.tools import SEARCH_TOOL, ArgLimits
-from searchrl.rollout.trajectory import TOOL_STATUSES
 
 FUZZ = dict(deadline=None, database=None, derandomize=True, suppress_health_check=list(HealthCheck))
 

@@ -12,10 +12,10 @@ import torch
 from test_ppo_trainer import QA, make_trainer, snapshot
 
 from searchrl.common.run import RunReader
+from searchrl.common.trajectory import Trajectory
 from searchrl.ppo.trainer import PPOTrainer
 from searchrl.rewards.combine import default_rubric
 from searchrl.rewards.qa import F1Reward
-from searchrl.rollout.trajectory import Trajectory
 
 
 @pytest.fixture(scope="module")

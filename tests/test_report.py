@@ -19,6 +19,7 @@ from typer.testing import CliRunner
 
 from searchrl.cli import app
 from searchrl.common.io import append_jsonl, atomic_write_json
+from searchrl.common.trajectory import write_trajectories
 from searchrl.env.environment import EnvConfig, SearchEnvironment
 from searchrl.env.protocol import format_answer, format_tool_call
 from searchrl.evaluation.evaluate import evaluate_for_training, evaluate_policy, evaluate_run
@@ -26,7 +27,6 @@ from searchrl.evaluation.report import render_trajectory, write_report
 from searchrl.models.tiny import TinyModelConfig, build_policy, tokenizer_training_texts, train_tokenizer
 from searchrl.rewards.combine import default_rubric
 from searchrl.rollout.generator import GenerationConfig, HFGenerator, ScriptedPolicy
-from searchrl.rollout.trajectory import write_trajectories
 from searchrl.search.index import build_index
 
 CORPUS = [

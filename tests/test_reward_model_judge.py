@@ -12,12 +12,12 @@ import pytest
 import torch
 
 from searchrl.common.config import ConfigError
+from searchrl.common.trajectory import Trajectory
 from searchrl.models.tiny import TinyModelConfig, build_policy, build_value_model, train_tokenizer
 from searchrl.rewards.combine import RewardSpec, Rubric, load_rubric
 from searchrl.rewards.judge import ModelJudgeReward, judge_text
 from searchrl.rewards.qa import ExactMatchReward
 from searchrl.rewards.reward_model import save_reward_model
-from searchrl.rollout.trajectory import Trajectory
 
 SCORER = TinyModelConfig(
     hidden_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, intermediate_size=64

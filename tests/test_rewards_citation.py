@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
+from searchrl.common.trajectory import Trajectory
 from searchrl.rewards.citation import (
     CitationReward,
     FabricationCount,
     citation_status,
     classify_citations,
 )
-from searchrl.rollout.trajectory import Trajectory
 
 RETRIEVED = {
     "d000001": "Alda Korin\nAlda Korin was born in Port Velmora.",

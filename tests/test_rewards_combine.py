@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from searchrl.common.config import ConfigError
+from searchrl.common.trajectory import ToolCallRecord, Trajectory, read_trajectories, write_trajectories
 from searchrl.rewards.combine import (
     METRIC_PREFIX,
     REWARD_FUNCTIONS,
@@ -22,7 +23,6 @@ from searchrl.rewards.combine import (
 )
 from searchrl.rewards.qa import ExactMatchReward, F1Reward
 from searchrl.rewards.shaping import FormatReward, SafetyPenalty, SearchCost, TokenCost
-from searchrl.rollout.trajectory import ToolCallRecord, Trajectory, read_trajectories, write_trajectories
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 

@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from searchrl.common.trajectory import Trajectory
 from searchrl.rewards.qa import (
     ContainsReward,
     ExactMatchReward,
@@ -15,7 +16,6 @@ from searchrl.rewards.qa import (
     f1_score,
     normalize_answer,
 )
-from searchrl.rollout.trajectory import Trajectory
 
 # (prediction, golds, exact match, F1)
 TRICKY = [

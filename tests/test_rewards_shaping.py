@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from searchrl.common.trajectory import ToolCallRecord, Trajectory
 from searchrl.env.protocol import format_answer, parse_turn
 from searchrl.rewards.qa import ContainsReward, ExactMatchReward, F1Reward
 from searchrl.rewards.shaping import (
@@ -18,7 +19,6 @@ from searchrl.rewards.shaping import (
     extract_answer,
     format_problems,
 )
-from searchrl.rollout.trajectory import ToolCallRecord, Trajectory
 
 GOLDS = ["Port Velmora", "Velmora"]
 

@@ -14,12 +14,12 @@ import pytest
 import torch
 from pydantic import BaseModel, ConfigDict
 
+from searchrl.common.trajectory import read_trajectories, write_trajectories
 from searchrl.env.environment import EnvConfig, SearchEnvironment
 from searchrl.env.tools import SEARCH_TOOL, ToolRegistry, ToolSpec
 from searchrl.models.tiny import TinyModelConfig, build_policy, tokenizer_training_texts, train_tokenizer
 from searchrl.rollout.chat import ToolGlue, render_conversation
 from searchrl.rollout.generator import GenerationConfig, HFGenerator, ScriptedPolicy, sampling_log_probs
-from searchrl.rollout.trajectory import read_trajectories, write_trajectories
 from searchrl.search.client import HTTPBackend
 from searchrl.search.faults import FaultInjectingBackend
 from searchrl.search.index import build_index

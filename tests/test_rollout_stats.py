@@ -10,9 +10,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from searchrl.common.trajectory import TERMINATION_REASONS, ToolCallRecord, Trajectory
 from searchrl.rollout.generator import sampling_log_probs
 from searchrl.rollout.stats import percentile, rollout_stats
-from searchrl.rollout.trajectory import TERMINATION_REASONS, ToolCallRecord, Trajectory
 
 finite = st.floats(min_value=-1e6, max_value=1e6, allow_nan=False)
 

@@ -18,12 +18,12 @@ import torch
 
 from searchrl.common.config import load_config
 from searchrl.common.io import write_jsonl
+from searchrl.common.trajectory import read_trajectories
 from searchrl.env.protocol import format_answer, format_search_r1_call
 from searchrl.grpo.config import GRPORunConfig
 from searchrl.models.tiny import TinyModelConfig, build_policy, tokenizer_training_texts, train_tokenizer
 from searchrl.ppo.config import PPOConfig
 from searchrl.rollout.generator import ScriptedPolicy
-from searchrl.rollout.trajectory import read_trajectories
 from searchrl.search.index import build_index
 
 ROOT = Path(__file__).resolve().parents[1]

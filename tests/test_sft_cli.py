@@ -9,9 +9,9 @@ import torch
 from typer.testing import CliRunner
 
 from searchrl.cli import app
+from searchrl.common.trajectory import read_trajectories
 from searchrl.data.synthetic import generate, preset_config
 from searchrl.models.tiny import load_policy, load_tokenizer, load_value_model
-from searchrl.rollout.trajectory import read_trajectories
 from searchrl.search.index import build_index
 
 runner = CliRunner()

@@ -15,10 +15,10 @@ import torch
 
 from searchrl.common.config import ConfigError
 from searchrl.common.io import write_jsonl
+from searchrl.common.trajectory import Trajectory
 from searchrl.data.synthetic import generate, preset_config
 from searchrl.env.environment import EnvConfig, SearchEnvironment
 from searchrl.models.tiny import TinyModelConfig, build_policy, tokenizer_training_texts, train_tokenizer
-from searchrl.rollout.trajectory import Trajectory
 from searchrl.search.index import build_index
 from searchrl.sft.expert import ExpertConfig, ExpertPolicy
 from searchrl.sft.warm_start import (

@@ -33,7 +33,7 @@ from PIL import Image
 from test_hardening_support import ROOT, build_world, free_port, make_trainer, python_env, wait_http
 from test_run_targets_support import build_smoke_demo
 
-from searchrl.rollout.trajectory import read_trajectories
+from searchrl.common.trajectory import read_trajectories
 from searchrl.viewer.server import RunDirError, check_run_dir
 
 HTTP = httpx.Client(timeout=60.0)  # a loaded 2-core CI machine is slow

@@ -56,6 +56,7 @@ import torch
 from searchrl.common.config import ConfigError, save_config
 from searchrl.common.io import atomic_write_json, write_jsonl
 from searchrl.common.run import build_manifest
+from searchrl.common.trajectory import write_trajectories
 from searchrl.data.synthetic import SIZE_PRESETS, generate, practice_world, preset_config
 from searchrl.env.environment import SearchEnvironment
 from searchrl.evaluation import HEADLINE_METRICS
@@ -67,7 +68,6 @@ from searchrl.models.tiny import (
     train_tokenizer,
 )
 from searchrl.ppo.config import PPOConfig
-from searchrl.rollout.trajectory import write_trajectories
 from searchrl.search.index import build_index
 from searchrl.sft.expert import ExpertConfig, ExpertPolicy
 from searchrl.sft.warm_start import SFTWarmStartConfig, prompt_texts, run_sft

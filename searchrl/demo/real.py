@@ -51,13 +51,13 @@ import torch
 
 from searchrl.common.config import ConfigError, save_config
 from searchrl.common.io import atomic_write_json, read_jsonl
+from searchrl.common.trajectory import Trajectory, write_trajectories
 from searchrl.demo.pipeline import FindsNothing, StageClock, peak_rss_mb
 from searchrl.env.environment import SearchEnvironment
 from searchrl.env.protocol import ANSWER_OPEN, format_search_r1_call, format_tool_call
 from searchrl.evaluation import HEADLINE_METRICS
 from searchrl.ppo.config import PPOConfig
 from searchrl.rollout.generator import GenerationConfig, HFGenerator, RolloutBatch
-from searchrl.rollout.trajectory import Trajectory, write_trajectories
 from searchrl.sft.real_expert import RealExpert, RealExpertConfig, question_query
 from searchrl.sft.warm_start import SFTWarmStartConfig
 

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from searchrl.common.config import ConfigError
+from searchrl.common.trajectory import TERMINATION_REASONS, ToolCallRecord
 from searchrl.env.guard import BackendGuard, BatchOutcome, Flight, guard_for
 from searchrl.env.protocol import (
     ANSWER_CLOSE,
@@ -54,7 +55,6 @@ from searchrl.env.protocol import (
 )
 from searchrl.env.sanitize import sanitize_text, special_tokens_of
 from searchrl.env.tools import DEFAULT_REGISTRY, ArgLimits, ToolRegistry
-from searchrl.rollout.trajectory import TERMINATION_REASONS, ToolCallRecord
 from searchrl.search.base import Backend, Hit
 
 TRUNCATION_MARKER = "[... truncated]"

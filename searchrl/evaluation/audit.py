@@ -38,10 +38,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from searchrl.common.trajectory import Trajectory, read_trajectories
 from searchrl.rewards.citation import classify_citations
 from searchrl.rewards.qa import contains_answer, exact_match, f1_score, normalize_answer
 from searchrl.rewards.shaping import is_well_formed
-from searchrl.rollout.trajectory import Trajectory, read_trajectories
 
 if TYPE_CHECKING:
     from searchrl.common.run import RunReader

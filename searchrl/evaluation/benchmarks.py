@@ -235,9 +235,9 @@ def evaluate_benchmarks(
     trajectories beside it. Returns the payload and the JSON path.
     """
     from searchrl.common.io import atomic_write_json
+    from searchrl.common.trajectory import write_trajectories
     from searchrl.data.datasets import load_qa
     from searchrl.env.environment import SearchEnvironment
-    from searchrl.rollout.trajectory import write_trajectories
 
     check_search_args(index_dir, corpus)
     files = find_benchmark_files(benchmarks_dir, sets)

@@ -29,11 +29,11 @@ from typing import Any
 
 import numpy as np
 
+from searchrl.common.trajectory import TERMINATION_REASONS, Trajectory
 from searchrl.rewards.citation import citation_status
 from searchrl.rewards.qa import exact_match, f1_score
 from searchrl.rewards.shaping import is_well_formed
 from searchrl.rollout.generator import GenerationConfig, HFGenerator
-from searchrl.rollout.trajectory import TERMINATION_REASONS, Trajectory
 
 # Metrics that are a mean over questions (one value per trajectory).
 PER_QUESTION_METRICS = (
@@ -640,9 +640,9 @@ def _evaluate_target(
     options: dict[str, Any],
 ) -> tuple[EvalResult, Path]:
     from searchrl.common.io import atomic_write_json
+    from searchrl.common.trajectory import write_trajectories
     from searchrl.data.datasets import load_qa
     from searchrl.env.environment import SearchEnvironment
-    from searchrl.rollout.trajectory import write_trajectories
 
     split = options.get("split")
     rows = load_qa(rows_path, limit=limit)

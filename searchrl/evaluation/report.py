@@ -45,9 +45,9 @@ from typing import Any
 
 from searchrl.common.io import atomic_write_text
 from searchrl.common.run import DEMO_RUNS, STAGE_LABELS, EvalFile, RunReader, RunTargetError
+from searchrl.common.trajectory import Trajectory, read_trajectories
 from searchrl.evaluation import HEADLINE_METRICS
 from searchrl.evaluation.audit import AuditReport, audit_run, read_metrics
-from searchrl.rollout.trajectory import Trajectory, read_trajectories
 
 # Line plots: title -> (y label, [(metric key, legend label)]). Missing keys are skipped; a plot with no
 # data is left out rather than drawn empty.

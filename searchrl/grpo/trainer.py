@@ -53,6 +53,7 @@ from transformers.utils import get_json_schema
 from searchrl.common.config import ConfigError, save_config
 from searchrl.common.io import append_jsonl, atomic_write_json, atomic_write_text
 from searchrl.common.run import RunDir, build_manifest
+from searchrl.common.trajectory import Span, ToolCallRecord, Trajectory, write_trajectories
 from searchrl.env.environment import EnvConfig, SearchEnvironment
 from searchrl.env.protocol import parse_turn
 from searchrl.env.trl_adapter import SearchToolEnv
@@ -63,7 +64,6 @@ from searchrl.rewards.combine import Rubric, default_rubric, load_rubric, mean_b
 from searchrl.rewards.qa import exact_match, f1_score
 from searchrl.rollout.generator import GenerationConfig, HFGenerator
 from searchrl.rollout.stats import termination_stats, tool_stats
-from searchrl.rollout.trajectory import Span, ToolCallRecord, Trajectory, write_trajectories
 from searchrl.search.base import Backend
 
 try:  # TRL is a hard dependency; the import is here so the error names what to install

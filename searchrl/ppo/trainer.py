@@ -57,6 +57,7 @@ from transformers import get_scheduler
 from searchrl.common.config import save_config
 from searchrl.common.io import append_jsonl, atomic_write_json
 from searchrl.common.run import RunDir, build_manifest
+from searchrl.common.trajectory import TERMINATION_REASONS, Trajectory, write_trajectories
 from searchrl.models.forward_patches import shares_storage
 from searchrl.ppo.advantages import (
     apply_missing_eos_penalty,
@@ -82,7 +83,6 @@ from searchrl.ppo.modeling import (
 )
 from searchrl.rewards.reward_model import FrozenRewardModel
 from searchrl.rollout.generator import GenerationConfig, HFGenerator
-from searchrl.rollout.trajectory import TERMINATION_REASONS, Trajectory, write_trajectories
 
 # ---------------------------------------------------------------------------------------------
 # Batching trajectories: right-padded tensors; masks come from lengths and spans, never from pad ids.

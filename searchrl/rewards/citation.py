@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from searchrl.common.trajectory import Trajectory
 from searchrl.rewards.qa import contains_answer
-from searchrl.rollout.trajectory import Trajectory
 
 CITATION_STATUSES = ("supported", "unsupported", "fabricated", "none")
 

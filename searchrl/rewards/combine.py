@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from searchrl.common.config import ConfigError, load_config
+from searchrl.common.trajectory import Trajectory
 from searchrl.rewards.citation import CitationReward, FabricationCount
 from searchrl.rewards.judge import ModelJudgeReward
 from searchrl.rewards.qa import ContainsReward, ExactMatchReward, F1Reward
@@ -36,7 +37,6 @@ from searchrl.rewards.shaping import (
     SearchCount,
     TokenCost,
 )
-from searchrl.rollout.trajectory import Trajectory
 
 RewardFunc = Callable[[Trajectory], float]
 

@@ -19,8 +19,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from searchrl.common.trajectory import Trajectory
 from searchrl.rewards.reward_model import sequence_scores
-from searchrl.rollout.trajectory import Trajectory
 
 
 def judge_text(traj: Trajectory, max_docs: int = 5, max_doc_chars: int = 400) -> str:

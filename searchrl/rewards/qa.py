@@ -24,7 +24,7 @@ import string
 from collections import Counter
 from dataclasses import dataclass, field
 
-from searchrl.rollout.trajectory import Trajectory
+from searchrl.common.trajectory import Trajectory
 
 _PUNCTUATION = frozenset(string.punctuation)
 _ARTICLES = re.compile(r"\b(a|an|the)\b")

@@ -16,9 +16,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from searchrl.common.trajectory import Trajectory
 from searchrl.env.protocol import split_citations
 from searchrl.rewards.qa import answer_word_count
-from searchrl.rollout.trajectory import Trajectory
 
 ANSWER_OPEN = "<answer>"
 ANSWER_CLOSE = "</answer>"

@@ -1,6 +1,6 @@
 """searchrl.rollout: trajectories, chat-template token glue, the multi-turn generators (HF, vLLM), metrics.
 
-Names are imported lazily so that `searchrl.rollout.trajectory` (used by the environment and the
+Names are imported lazily so that `searchrl.common.trajectory` (used by the environment and the
 rewards) does not pull in torch and transformers.
 """
 

@@ -39,9 +39,10 @@ import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.cache_utils import DynamicLayer
 
+from searchrl.common.trajectory import Span, Trajectory
+from searchrl.env.environment import step_batch
 from searchrl.rollout.chat import ToolGlue, inline_observation_ids, prompt_ids, tools_key
 from searchrl.rollout.stats import rollout_stats
-from searchrl.rollout.trajectory import Span, Trajectory
 
 
 @dataclass
@@ -446,8 +447,6 @@ class HFGenerator:
     def _step(self, envs: list[Any], texts: list[str]) -> list[Any]:
         if self._step_batch is not None:
             return self._step_batch(envs, texts)
-        from searchrl.env.environment import step_batch  # the environment room's batched step
-
         return step_batch(envs, texts)
 
     def _safe_step(self, ended: list[tuple[_Row, str]]) -> list[Any]:

@@ -12,7 +12,7 @@ import math
 from collections import Counter
 from collections.abc import Sequence
 
-from searchrl.rollout.trajectory import TERMINATION_REASONS, TOOL_STATUSES, Trajectory
+from searchrl.common.trajectory import TERMINATION_REASONS, TOOL_STATUSES, Trajectory
 
 
 def percentile(values: Sequence[float], q: float) -> float:

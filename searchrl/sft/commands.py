@@ -104,7 +104,7 @@ def _sft_command(
 
 
 def _read_trajectory_files(paths: list[Path]) -> list[Any]:
-    from searchrl.rollout.trajectory import read_trajectories
+    from searchrl.common.trajectory import read_trajectories
 
     out: list[Any] = []
     for path in paths:

@@ -40,6 +40,7 @@ from typing import Any
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from searchrl.common.config import ConfigError
+from searchrl.common.trajectory import Trajectory
 
 # _FACT_TEMPLATES: the corpus's fact sentences per relation. Reading the bridge entity "from the retrieved
 # text" needs their shapes; they are the data room's, imported (private on purpose) rather than restated.
@@ -51,7 +52,6 @@ from searchrl.data.synthetic import (
 )
 from searchrl.env.protocol import format_answer, format_search_r1_call, format_tool_call
 from searchrl.rollout.generator import GenerationConfig, HFGenerator
-from searchrl.rollout.trajectory import Trajectory
 
 EXPERT = "expert"
 NOISE_KINDS: tuple[str, ...] = ("no_search", "one_hop", "no_citation", "wrong_entity")

@@ -34,10 +34,10 @@ from typing import Any
 from transformers import PreTrainedTokenizerBase
 
 from searchrl.common.config import ConfigError
+from searchrl.common.trajectory import Trajectory
 from searchrl.env.protocol import format_answer, format_search_r1_call, format_tool_call
 from searchrl.rewards.qa import contains_answer, normalize_answer
 from searchrl.rollout.generator import GenerationConfig, HFGenerator
-from searchrl.rollout.trajectory import Trajectory
 
 REAL_EXPERT = "real_expert"
 REQUIRED_FIELDS = ("question", "golds", "supporting_doc_ids", "supporting_titles")

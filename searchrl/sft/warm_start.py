@@ -41,6 +41,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase, PrinterCallba
 
 from searchrl.common.config import ConfigError
 from searchrl.common.io import atomic_write_json
+from searchrl.common.trajectory import Trajectory
 from searchrl.common.trl_args import cpu_safe_trainer_kwargs
 from searchrl.env.environment import EnvConfig, SearchEnvironment
 from searchrl.env.protocol import parse_turn
@@ -48,7 +49,6 @@ from searchrl.models.forward_patches import remove_trainer_forward_patches
 from searchrl.models.tiny import TinyModelConfig
 from searchrl.rollout.chat import render_conversation
 from searchrl.rollout.generator import GenerationConfig, HFGenerator
-from searchrl.rollout.trajectory import Trajectory
 from searchrl.sft.expert import ExpertConfig
 
 IGNORE_INDEX = -100
@@ -496,9 +496,9 @@ def run_warm_start_pipeline(
     dev_rows: Sequence[dict[str, Any]] = (),
 ) -> dict[str, Any]:
     """Demonstrate `rows` with the expert, SFT on them, save `out_dir/model`; returns a summary dict."""
+    from searchrl.common.trajectory import write_trajectories
     from searchrl.models.tiny import build_policy, load_policy, load_tokenizer, tokenizer_training_texts
     from searchrl.models.tiny import train_tokenizer as train_bpe
-    from searchrl.rollout.trajectory import write_trajectories
     from searchrl.search.index import load_index
     from searchrl.sft.expert import ExpertPolicy
 

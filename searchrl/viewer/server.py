@@ -40,8 +40,8 @@ from fastapi import FastAPI, HTTPException, Query
 from fastapi.responses import JSONResponse, Response
 
 from searchrl.common.run import RunReader, RunTargetError, TrajectorySource, step_of_path
+from searchrl.common.trajectory import TERMINATION_REASONS, Trajectory, read_trajectories
 from searchrl.rewards.qa import exact_match
-from searchrl.rollout.trajectory import TERMINATION_REASONS, Trajectory, read_trajectories
 
 STATIC_FILES = {
     "index.html": "text/html; charset=utf-8",
