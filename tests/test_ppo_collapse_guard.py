@@ -48,3 +48,25 @@ def test_the_baseline_survives_a_checkpoint_and_a_rollback():
     restored.reset_window()  # what a rollback does: the window restarts, the baseline stays
     assert restored.format_baseline == 0.9
     assert restored.check(_step(0.4)) is not None
+
+
+def _entropy(e: float) -> dict[str, float]:
+    return {"objective/entropy_per_token": e, "objective/scores": 0.0, "objective/kl": 0.0}
+
+
+def test_a_confident_warm_start_below_the_entropy_floor_is_not_a_collapse():
+    # The demo's warm start: 0.017 nats per action token, under the default floor of 0.05.
+    guard = CollapseGuard(_args(collapse_entropy_min=0.05, collapse_window=1))
+    assert [guard.check(_entropy(e)) for e in (0.017, 0.015, 0.02, 0.009)] == [None] * 4
+    assert guard.entropy_floor() == 0.0085
+    reason = guard.check(_entropy(0.004))  # below half of where the run began
+    assert reason is not None and "entropy per action token 0.004 < 0.0085" in reason
+
+
+def test_the_absolute_entropy_floor_still_holds_for_a_start_above_it():
+    guard = CollapseGuard(_args(collapse_entropy_min=0.05, collapse_window=1))
+    assert guard.check(_entropy(1.2)) is None and guard.entropy_floor() == 0.05
+    assert "< 0.05" in (guard.check(_entropy(0.04)) or "")
+    restored = CollapseGuard(_args(collapse_entropy_min=0.05, collapse_window=1))
+    restored.load_state_dict(guard.state_dict())
+    assert restored.entropy_baseline == 1.2

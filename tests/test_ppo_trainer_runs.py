@@ -218,8 +218,8 @@ def test_collapse_guard_stops_after_collapse_max_rollbacks(world, tmp_path):
         lr_scheduler_type="constant",
         collapse_guard=True,
         collapse_window=1,
-        collapse_entropy_min=100.0,  # unreachable: every step "collapses"
-        collapse_kl_max=None,
+        collapse_entropy_min=None,
+        collapse_kl_max=1e-9,  # every step after the first "collapses" (step 1 samples the reference itself)
         collapse_format_min=None,
         collapse_reward_drop=None,
         collapse_max_rollbacks=1,
@@ -253,3 +253,26 @@ def test_resume_drops_the_eval_trajectory_and_sample_files_a_killed_run_wrote_af
     assert sorted(p.name for p in (run / "trajectories").iterdir()) == ["step-000001.jsonl.gz"]
     assert {json.loads(line)["step"] for line in (run / "samples.jsonl").read_text().splitlines()} == {1}
     assert [r["step"] for r in read_raw_metrics(tmp_path)] == [1]
+
+
+def test_the_guard_does_not_roll_back_the_first_step_onto_the_weights_that_sampled_it(world, tmp_path):
+    # Step 1's rollouts come from the starting weights (the step-0 checkpoint): a rollback would redo the same
+    # rollouts from the same weights. The guard says why and goes on instead of looping to a RuntimeError.
+    trainer = trainer_for(
+        world,
+        tmp_path,
+        total_episodes=8,
+        collapse_guard=True,
+        collapse_window=1,
+        collapse_entropy_min=None,
+        collapse_kl_max=None,
+        collapse_format_min=None,
+        collapse_reward_drop=None,
+        collapse_max_rollbacks=0,
+    )
+    trainer.guard.check = lambda metrics: "forced" if trainer.global_step == 1 else None
+    trainer.train()
+    rows = read_metrics(tmp_path)
+    assert [r["step"] for r in rows] == [1, 2]
+    assert rows[0]["guard/reason"] == "forced" and rows[0]["guard/no_rollback"] == 1.0
+    assert trainer.rollbacks == 0

@@ -411,7 +411,9 @@ class PPOConfig:
     collapse_entropy_min: float | None = field(
         default=0.05,
         metadata=_help(
-            "Collapse if the mean per-token policy entropy on action tokens (nats) falls below this."
+            "Collapse if the mean per-token policy entropy on action tokens (nats) falls below this, or below "
+            "half the first step's entropy when the starting policy is already below it (a confident warm start "
+            "is not a collapse)."
         ),
     )
     collapse_kl_max: float | None = field(

@@ -21,6 +21,7 @@ class CollapseGuard:
         self.history: list[dict[str, float]] = []
         self.best_reward: float | None = None
         self.format_baseline: float | None = None  # format validity at the run's first step
+        self.entropy_baseline: float | None = None  # entropy per action token at the run's first step
 
     def check(self, metrics: dict[str, float]) -> str | None:
         """Return why the run is collapsing, or None when it is healthy."""
@@ -29,12 +30,12 @@ class CollapseGuard:
         window = self.history[-a.collapse_window :]
         mean = {k: float(np.mean([m[k] for m in window if k in m])) for k in window[-1]}
         reasons = []
-        if (
-            a.collapse_entropy_min is not None
-            and mean.get("objective/entropy_per_token", 1e9) < a.collapse_entropy_min
-        ):
+        if self.entropy_baseline is None and "objective/entropy_per_token" in metrics:
+            self.entropy_baseline = float(metrics["objective/entropy_per_token"])
+        floor = self.entropy_floor()
+        if floor is not None and mean.get("objective/entropy_per_token", 1e9) < floor:
             reasons.append(
-                f"entropy per action token {mean['objective/entropy_per_token']:.3g} < {a.collapse_entropy_min}"
+                f"entropy per action token {mean['objective/entropy_per_token']:.3g} < {floor:.3g}"
             )
         if a.collapse_kl_max is not None and mean.get("objective/kl", 0.0) > a.collapse_kl_max:
             reasons.append(f"KL to reference {mean['objective/kl']:.3g} > {a.collapse_kl_max}")
@@ -62,6 +63,18 @@ class CollapseGuard:
                 reasons.append(f"{k} = {metrics[k]:g} (NaN or inf in the forward or backward pass)")
         return "; ".join(reasons) or None
 
+    def entropy_floor(self) -> float | None:
+        """`collapse_entropy_min`, or half the first step's entropy when the starting policy is already below it.
+
+        A confident warm start (the demo's: 0.017 nats per action token, most tokens copied) is not a collapse;
+        entropy falling to half of where the run began is. The first step's rollouts come from the starting
+        weights, so that step sets the baseline and can never trip this bound.
+        """
+        floor = self.args.collapse_entropy_min
+        if floor is None or self.entropy_baseline is None:
+            return floor
+        return min(floor, 0.5 * self.entropy_baseline)
+
     def reset_window(self) -> None:
         self.history.clear()
 
@@ -70,9 +83,11 @@ class CollapseGuard:
             "history": self.history,
             "best_reward": self.best_reward,
             "format_baseline": self.format_baseline,
+            "entropy_baseline": self.entropy_baseline,
         }
 
     def load_state_dict(self, d: dict) -> None:
         self.history = list(d.get("history", []))
         self.best_reward = d.get("best_reward")
         self.format_baseline = d.get("format_baseline")
+        self.entropy_baseline = d.get("entropy_baseline")

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import math
 import os
 import random
@@ -56,7 +57,7 @@ from transformers import get_scheduler
 
 from searchrl.common.config import save_config
 from searchrl.common.io import append_jsonl, atomic_write_json
-from searchrl.common.run import RunDir, build_manifest
+from searchrl.common.run import RunDir, build_manifest, step_of_name
 from searchrl.common.trajectory import TERMINATION_REASONS, Trajectory, write_trajectories
 from searchrl.models.forward_patches import shares_storage
 from searchrl.ppo.advantages import (
@@ -83,6 +84,8 @@ from searchrl.ppo.modeling import (
 )
 from searchrl.rewards.reward_model import FrozenRewardModel
 from searchrl.rollout.generator import GenerationConfig, HFGenerator
+
+logger = logging.getLogger(__name__)
 
 # ---------------------------------------------------------------------------------------------
 # Batching trajectories: right-padded tensors; masks come from lengths and spans, never from pad ids.
@@ -1086,6 +1089,14 @@ class PPOTrainer:
         """
         reason = self.guard.check({k: v for k, v in metrics.items() if isinstance(v, int | float)})
         if reason is None or self.last_good_checkpoint is None:
+            return False
+        if step_of_name(self.last_good_checkpoint.name) == self.global_step - 1:
+            # This step's rollouts were sampled by the last good weights themselves: rolling back would redo
+            # the same rollouts (same step, same seed) from the same weights. Say so and go on.
+            metrics["guard/reason"] = reason  # type: ignore[assignment]
+            metrics["guard/no_rollback"] = 1.0
+            logger.warning("collapse guard: %s at step %d, on the last good weights' own rollouts: no rollback",
+                           reason, self.global_step)  # fmt: skip
             return False
         if self.rollbacks >= self.args.collapse_max_rollbacks:
             if self.is_main:
