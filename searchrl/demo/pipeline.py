@@ -158,14 +158,19 @@ class DemoConfig:
     sft: SFTWarmStartConfig = field(
         default_factory=lambda: SFTWarmStartConfig(
             learning_rate=3e-3,
-            max_steps=500,  # after the first-turn phase: 800 optimizer steps in all
+            # After the first-turn phase: 1,300 optimizer steps in all. The copy circuit (answer and citation
+            # read out of the observation) forms after about 300-400 whole-demonstration steps at the stable
+            # learning rate; a schedule that starts decaying before that ends with a model that recalls
+            # instead of copying (docs/demo.md: the recipe).
+            max_steps=1000,
             per_device_train_batch_size=32,
             warmup_ratio=0.02,
             lr_scheduler_type="warmup_stable_decay",
-            decay_ratio=0.3,
+            decay_ratio=0.25,
             first_turn_steps=300,
             first_turn_batch_size=64,
             bf16=True,
+            trl_loss=False,
             logging_steps=25,
         ),
         metadata={"help": "SFT warm start optimisation (first-turn curriculum, then whole demonstrations)."},

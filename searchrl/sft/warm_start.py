@@ -116,8 +116,8 @@ class SFTWarmStartConfig:
         metadata={
             "help": "TRL's own loss (a chunked log-prob kernel plus token statistics). False: a plain causal-LM "
             "loss (LM head in float32 at the labelled positions): the same loss and gradients on a batch "
-            "(tested) and about 40% faster per CPU step, but every full demo run with it so far ended with a "
-            "worse warm start (README: runs of the warm start)."
+            "(tested) and about 40% faster per CPU step. The demo uses it, with enough steps at the stable "
+            "learning rate for the copy circuit to form (docs/demo.md: the recipe)."
         },
     )
     bf16: bool = field(
@@ -295,8 +295,9 @@ def _plain_loss_trainer_class() -> type:
         tokens, divided by their number), projected through the LM head only at those positions, in
         float32 even under bf16 autocast, as TRL's kernel accumulates in float32 (transformers' own loss
         under autocast rounds the logits to bfloat16 first). TRL's per-token statistics (entropy, token
-        accuracy) are not logged. Open question: on one batch it matches TRL's loss and gradients, yet the
-        demo's full SFT runs with it end worse (README: runs of the warm start).
+        accuracy) are not logged. On one batch it matches TRL's loss and gradients (tested). Earlier demo runs
+        with it ended worse only because their schedule began to decay before the copy circuit had formed
+        (about 300-400 whole-demonstration steps at the stable rate; docs/demo.md: the recipe).
         """
 
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):

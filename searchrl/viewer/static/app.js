@@ -71,7 +71,7 @@ function sourcePicker() {
       el("option", { value: s.id, selected: s.id === summary.source.id ? "" : null, "data-kind": s.kind }, s.label)),
   );
   select.addEventListener("change", () => {
-    location.hash = select.value === defaultSource ? "#/" : "#/?source=" + encodeURIComponent(select.value);
+    go(select.value === defaultSource ? "#/" : "#/?source=" + encodeURIComponent(select.value));
   });
   return el("label", { id: "source-picker" }, "trajectories ", select);
 }
@@ -97,7 +97,7 @@ function filterForm(values) {
     const params = new URLSearchParams();
     if (currentSource() !== defaultSource) params.set("source", currentSource());
     for (const [k, v] of new FormData(form).entries()) if (v !== "") params.set(k, v);
-    location.hash = "#/?" + params.toString();
+    go("#/?" + params.toString());
   });
   return form;
 }
@@ -111,7 +111,7 @@ async function renderList() {
   const rows = data.rows.map((r) =>
     el(
       "tr",
-      { class: "traj-row", "data-key": r.key, "data-source": r.source, onclick: () => (location.hash = link(r)) },
+      { class: "traj-row", "data-key": r.key, "data-source": r.source, onclick: () => go(link(r)) },
       el("td", { class: "num" }, r.step === null ? "–" : r.step),
       el("td", {}, el("a", { class: "traj-link", href: link(r) }, r.id)),
       el("td", {}, r.question),
@@ -270,17 +270,34 @@ async function loadSummary() {
   picker.replaceChildren(summary.sources.length > 1 ? sourcePicker() : el("span", { id: "source-label" }, summary.source.label));
 }
 
+// Navigation clears the "ready" flag before the hash changes: hashchange fires later, and until then a
+// reader (a person's script or the headless test) would see the new hash next to the old page marked ready.
+function go(hash) {
+  if (location.hash === hash) return;
+  document.body.dataset.ready = "";
+  location.hash = hash;
+}
+
+// Links inside the page (the trajectory ids, "back") navigate by their href: the same rule applies to them.
+document.addEventListener("click", (ev) => {
+  const a = ev.target.closest && ev.target.closest('a[href^="#"]');
+  if (a && a.getAttribute("href") !== location.hash) document.body.dataset.ready = "";
+}, true);
+
+// Only the latest navigation marks the page ready; an older one that finishes later draws nothing more.
+let routeGeneration = 0;
+
 async function route() {
+  const generation = ++routeGeneration;
   try {
     await loadSummary();
     const hash = location.hash || "#/";
     if (hash.startsWith("#/t/")) await renderTrajectory(decodeURIComponent(hash.slice(4).split("?")[0]));
     else await renderList();
-    document.body.dataset.ready = "1";
   } catch (err) {
-    showError(err);
-    document.body.dataset.ready = "1";
+    if (generation === routeGeneration) showError(err);
   }
+  if (generation === routeGeneration) document.body.dataset.ready = "1";
 }
 
 const tip = document.body.appendChild(el("div", { id: "tip" }));
