@@ -145,8 +145,10 @@ def test_short_ppo_run_on_the_synthetic_task_raises_the_dev_reward_under_the_qa_
     em = [evals[s]["eval/exact_match"] for s in (0, 5, 10)]
     searches = [evals[s]["eval/searches_per_question"] for s in (0, 5, 10)]
     print("dev reward, exact match, searches at steps 0, 5, 10:", reward, em, searches)
-    # Measured (seeds 0 / 1 / 42): reward 0.547 -> 0.641 / 0.619 / 0.556 -> 0.760 / 0.776 / 0.692.
-    assert 0.4 < reward[0] < 0.7, reward  # the warm start answers a good share already
+    # Measured with the warm start of commit 75d4942 (seed 0): reward 0.938 -> 1.075 -> 1.158, exact
+    # match 0.64 -> 0.80 -> 0.875, searches 1.0 -> 1.25 -> 1.34. The rubric pays F1 (1.0) plus a cited,
+    # retrieved source (0.2) and the format (0.1), so a reward near 1.3 is a right, cited answer.
+    assert 0.7 < reward[0] < 1.1, reward  # the warm start answers (and cites) a good share already
     assert reward[0] <= reward[1] < reward[2], reward
     assert reward[2] > reward[0] + 0.1, reward
     # The rise is the task, not a loophole in the rubric: more answers are right, and they come from
