@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import Qwen2ForCausalLM, Qwen2ForSequenceClassification
 from trl.chat_template_utils import is_chat_template_prefix_preserving, supports_tool_calling
+from worlds import TINY_ONE_LAYER
 
 from searchrl.models.tiny import (
     PROTOCOL_TOKENS,
@@ -30,9 +31,7 @@ CORPUS = [
     {"id": "d2", "title": "Quessa", "contents": "Quessa is a mountain province whose capital is Orlenn."},
 ]
 QA = [{"id": "q1", "question": "In which province is Varnholt?", "golds": ["Quessa"]}]
-SMALL = TinyModelConfig(
-    hidden_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, intermediate_size=64
-)
+SMALL = TINY_ONE_LAYER
 
 
 @pytest.fixture(scope="module")

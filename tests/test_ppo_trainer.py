@@ -17,10 +17,10 @@ import math
 import pytest
 import torch
 from transformers import TrainerCallback
+from worlds import TINY_TWO_LAYERS, VARNHOLT_CORPUS, VARNHOLT_QA, write_corpus_jsonl
 
 from searchrl.env.environment import EnvConfig, SearchEnvironment
 from searchrl.models.tiny import (
-    TinyModelConfig,
     build_policy,
     build_value_model,
     tokenizer_training_texts,
@@ -35,23 +35,9 @@ from searchrl.rewards.combine import default_rubric
 from searchrl.rollout.generator import ScriptedPolicy
 from searchrl.search.index import build_index
 
-CORPUS = [
-    {"id": "d1", "title": "Varnholt", "contents": "Varnholt is a river town in the province of Quessa."},
-    {"id": "d2", "title": "Quessa", "contents": "Quessa is a mountain province; its capital is Orlenn."},
-    {"id": "d3", "title": "Orlenn", "contents": "Orlenn was founded by the weaver Amsel Drov in 1288."},
-    {"id": "d4", "title": "Amsel Drov", "contents": "Amsel Drov was a weaver born in Tiberk."},
-    {"id": "d5", "title": "Tiberk", "contents": "Tiberk is a fishing village on the Pale Coast."},
-    {"id": "d6", "title": "Pale Coast", "contents": "The Pale Coast lies west of Quessa."},
-]
-QA = [
-    {"id": "q1", "question": "In which province is Varnholt?", "golds": ["Quessa"]},
-    {"id": "q2", "question": "Who founded the capital of Quessa?", "golds": ["Amsel Drov"]},
-    {"id": "q3", "question": "Where was the founder of Orlenn born?", "golds": ["Tiberk"]},
-    {"id": "q4", "question": "What lies west of Quessa?", "golds": ["Pale Coast"]},
-]
-TINY = TinyModelConfig(
-    hidden_size=32, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, intermediate_size=64
-)
+CORPUS = VARNHOLT_CORPUS
+QA = VARNHOLT_QA
+TINY = TINY_TWO_LAYERS
 # Tiny models on a shared 2-core machine: intra-op threads only fight each other (10x slower measured).
 torch.set_num_threads(1)
 # Wall-clock figures differ between two identical runs; everything else must not. `time/*` are the
@@ -82,7 +68,7 @@ class LikedTokens:
 def build_world(root):
     """Corpus, BM25 index, tokenizer and an untrained tiny policy under `root` (about a second)."""
     corpus_path = root / "corpus.jsonl"
-    corpus_path.write_text("".join(json.dumps(r) + "\n" for r in CORPUS))
+    write_corpus_jsonl(corpus_path, CORPUS)
     backend = build_index(corpus_path, root / "index", backend="bm25")
     backend.search(["Varnholt"], 1)  # JIT warm-up outside any deadline
     tok = train_tokenizer(tokenizer_training_texts(CORPUS * 4, QA * 4), vocab_size=400)

@@ -16,6 +16,7 @@ from html.parser import HTMLParser
 import pytest
 import torch
 from typer.testing import CliRunner
+from worlds import TINY_ONE_LAYER, VARNHOLT_CORPUS, write_corpus_jsonl
 
 from searchrl.cli import app
 from searchrl.common.io import append_jsonl, atomic_write_json
@@ -24,25 +25,19 @@ from searchrl.env.environment import EnvConfig, SearchEnvironment
 from searchrl.env.protocol import format_answer, format_tool_call
 from searchrl.evaluation.evaluate import evaluate_for_training, evaluate_policy, evaluate_run
 from searchrl.evaluation.report import render_trajectory, write_report
-from searchrl.models.tiny import TinyModelConfig, build_policy, tokenizer_training_texts, train_tokenizer
+from searchrl.models.tiny import build_policy, tokenizer_training_texts, train_tokenizer
 from searchrl.rewards.combine import default_rubric
 from searchrl.rollout.generator import GenerationConfig, HFGenerator, ScriptedPolicy
 from searchrl.search.index import build_index
 
-CORPUS = [
-    {"id": "d1", "title": "Varnholt", "contents": "Varnholt is a river town in the province of Quessa."},
-    {"id": "d2", "title": "Quessa", "contents": "Quessa is a mountain province; its capital is Orlenn."},
-    {"id": "d3", "title": "Orlenn", "contents": "Orlenn was founded by the weaver Amsel Drov in 1288."},
-    {"id": "d4", "title": "Amsel Drov", "contents": "Amsel Drov was a weaver born in Tiberk."},
-]
+CORPUS = VARNHOLT_CORPUS[:4]
+# Its own questions: the report breaks results down by hop count, so each carries `hops`.
 QA = [
     {"id": "q1", "question": "In which province is Varnholt?", "golds": ["Quessa"], "hops": 1},
     {"id": "q2", "question": "Who founded Orlenn?", "golds": ["Amsel Drov"], "hops": 1},
     {"id": "q3", "question": "Where was the founder of Orlenn born?", "golds": ["Tiberk"], "hops": 2},
 ]
-TINY = TinyModelConfig(
-    hidden_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, intermediate_size=64
-)
+TINY = TINY_ONE_LAYER
 SCRIPTS = [
     [format_tool_call("search", {"query": "Varnholt province"}), format_answer("Quessa", ["d1"])],
     [format_tool_call("search", {"query": "Orlenn founded"}), format_answer("Nobody", ["d9"])],
@@ -59,7 +54,7 @@ def world(tmp_path_factory):
     torch.manual_seed(0)
     root = tmp_path_factory.mktemp("reportworld")
     corpus = root / "corpus.jsonl"
-    corpus.write_text("".join(json.dumps(r) + "\n" for r in CORPUS))
+    write_corpus_jsonl(corpus, CORPUS)
     backend = build_index(corpus, root / "index", backend="bm25")
     tok = train_tokenizer(tokenizer_training_texts(CORPUS * 4, QA * 4), vocab_size=400)
     policy = build_policy(tok, TINY)

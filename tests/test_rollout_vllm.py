@@ -22,10 +22,11 @@ from dataclasses import replace
 
 import pytest
 import torch
+from worlds import SMALL_GQA, VARNHOLT_CORPUS, VARNHOLT_QA, write_corpus_jsonl
 
 from searchrl.common.config import ConfigError
 from searchrl.env.environment import EnvConfig, SearchEnvironment
-from searchrl.models.tiny import TinyModelConfig, build_policy, tokenizer_training_texts, train_tokenizer
+from searchrl.models.tiny import build_policy, tokenizer_training_texts, train_tokenizer
 from searchrl.ppo.config import PPOConfig
 from searchrl.rollout.generator import GenerationConfig, HFGenerator, ScriptedPolicy, sampling_log_probs
 from searchrl.rollout.vllm_generator import (
@@ -42,22 +43,9 @@ from searchrl.search.index import build_index
 torch.set_num_threads(1)  # tiny models on a shared 2-core machine
 VLLM_ON_GPU = importlib.util.find_spec("vllm") is not None and torch.cuda.is_available()
 
-CORPUS = [
-    {"id": "d1", "title": "Varnholt", "contents": "Varnholt is a river town in the province of Quessa."},
-    {"id": "d2", "title": "Quessa", "contents": "Quessa is a mountain province; its capital is Orlenn."},
-    {"id": "d3", "title": "Orlenn", "contents": "Orlenn was founded by the weaver Amsel Drov in 1288."},
-    {"id": "d4", "title": "Amsel Drov", "contents": "Amsel Drov was a weaver born in Tiberk."},
-    {"id": "d5", "title": "Tiberk", "contents": "Tiberk is a fishing village on the Pale Coast."},
-]
-QA = [
-    {"id": "q1", "question": "In which province is Varnholt?", "golds": ["Quessa"]},
-    {"id": "q2", "question": "Who founded the capital of Quessa?", "golds": ["Amsel Drov"]},
-    {"id": "q3", "question": "Where was the founder of Orlenn born?", "golds": ["Tiberk"]},
-    {"id": "q4", "question": "What lies west of Quessa?", "golds": ["Pale Coast"]},
-]
-MODEL = TinyModelConfig(
-    hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=128
-)
+CORPUS = VARNHOLT_CORPUS[:5]
+QA = VARNHOLT_QA
+MODEL = SMALL_GQA
 
 
 def call(query: str) -> str:
@@ -80,7 +68,7 @@ SCRIPTS = [
 def world(tmp_path_factory):
     root = tmp_path_factory.mktemp("vllm_world")
     corpus_path = root / "corpus.jsonl"
-    corpus_path.write_text("".join(json.dumps(r) + "\n" for r in CORPUS))
+    write_corpus_jsonl(corpus_path, CORPUS)
     backend = build_index(corpus_path, root / "index", backend="bm25")
     backend.search(["Varnholt Quessa"], 1)  # the first match JIT-compiles: not under a deadline
     tok = train_tokenizer(tokenizer_training_texts(CORPUS * 4, QA * 4), vocab_size=512)
