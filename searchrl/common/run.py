@@ -19,12 +19,14 @@ import gzip
 import hashlib
 import importlib.metadata
 import json
+import os
 import platform
 import re
 import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -176,12 +178,43 @@ class RunDir:
     def checkpoint_dir(self, step: int) -> Path:
         return self.checkpoints / f"step-{step}"
 
+    def write_checkpoint(self, step: int, fill: Callable[[Path], None]) -> Path:
+        """Write checkpoint `step-N` atomically, the same for every trainer.
+
+        `fill(folder)` writes everything into a temporary `.tmp-step-N`, its `trainer_state.json` last (the
+        file that marks a checkpoint complete); the folder is then renamed into place, replacing an older
+        `step-N`. A run killed while saving leaves only the temporary folder, which the next save clears.
+        """
+        final = self.checkpoint_dir(step)
+        tmp = final.with_name(f".tmp-{final.name}")
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir(parents=True)
+        fill(tmp)
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        return final
+
+    def complete_checkpoints(self) -> list[Path]:
+        """Checkpoints whose `trainer_state.json` exists, oldest first."""
+        done = [p for p in self.checkpoints.glob("step-*") if (p / "trainer_state.json").exists()]
+        return sorted(done, key=lambda p: step_of_name(p.name))
+
+    def prune_checkpoints(self, limit: int | None, protected: set[Path | None]) -> None:
+        """Keep the newest `limit` complete checkpoints (`save_total_limit`; None or 0 keeps all), never
+        deleting one in `protected` (the newest, a rollback target, the best)."""
+        if not limit:
+            return
+        done = self.complete_checkpoints()
+        for old in done[: max(0, len(done) - limit)]:
+            if old not in protected:
+                shutil.rmtree(old, ignore_errors=True)
+
     def latest_checkpoint(self) -> Path | None:
         """The newest complete checkpoint (one whose `trainer_state.json` exists), or None."""
-        done = [p for p in self.checkpoints.glob("step-*") if (p / "trainer_state.json").exists()]
-        if not done:
-            return None
-        return max(done, key=lambda p: int(p.name.split("-")[1]))
+        done = self.complete_checkpoints()
+        return done[-1] if done else None
 
 
 # -- reading a run: what a path is, and what it holds --------------------------------------------------

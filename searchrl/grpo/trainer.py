@@ -37,8 +37,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -50,6 +48,7 @@ import torch
 from transformers import TrainerCallback
 from transformers.utils import get_json_schema
 
+from searchrl.common.clock import TrainingClock
 from searchrl.common.config import ConfigError, save_config
 from searchrl.common.io import append_jsonl, atomic_write_json, atomic_write_text
 from searchrl.common.run import RunDir, build_manifest
@@ -594,15 +593,13 @@ class RunDirCallback(TrainerCallback):
         self.trainer: SearchGRPOTrainer | None = None
         self.rollout: EngineRollout | None = None  # our_rollout: its batch counter seeds the sampling
         self.resume_state: dict[str, Any] | None = None
-        self.started = time.perf_counter()
-        self.eval_s = 0.0
+        self.training_clock = TrainingClock()
         self.pending_eval: dict[str, float] = {}
         self.last_saved_step = -1
 
     # -- clocks -----------------------------------------------------------------------------------
     def clock(self) -> dict[str, float]:
-        elapsed = time.perf_counter() - self.started
-        return {"time/elapsed_s": elapsed, "time/train_s": elapsed - self.eval_s}
+        return self.training_clock.reading()
 
     def _model(self) -> Any:
         assert self.trainer is not None, "RunDirCallback.trainer must be set to the trainer it logs"
@@ -611,12 +608,11 @@ class RunDirCallback(TrainerCallback):
     def _evaluate(self, step: int) -> None:
         if self.evaluator is None:
             return
-        t0 = time.perf_counter()
         model = self._model()
         was_training = model.training
-        results = self.evaluator(model, step, extra={"episode": self.reward.episodes, **self.clock()})
+        with self.training_clock.evaluating() as clock:
+            results = self.evaluator(model, step, extra={"episode": self.reward.episodes, **clock})
         model.train(was_training)
-        self.eval_s += time.perf_counter() - t0
         self.pending_eval.update(results)
 
     # -- events -----------------------------------------------------------------------------------
@@ -624,8 +620,8 @@ class RunDirCallback(TrainerCallback):
         if self.resume_state is not None:
             self._continue(self.resume_state)
             return
-        self.started = time.perf_counter()
-        self.eval_s = 0.0
+        self.training_clock = TrainingClock()
+        self.training_clock.start()
         # A fresh run: no lines from an earlier run in the same directory.
         atomic_write_text(self.run.metrics, "")
         if self.cfg.eval_on_start:
@@ -637,8 +633,9 @@ class RunDirCallback(TrainerCallback):
         """Resume: the history up to the checkpoint stays, the killed run's later steps go, clocks go on."""
         step = int(saved["global_step"])
         truncate_run_after(self.run, step)
-        self.started = time.perf_counter() - float(saved.get("elapsed_s", 0.0))
-        self.eval_s = float(saved.get("eval_s", 0.0))
+        eval_s = float(saved.get("eval_s", 0.0))
+        self.training_clock = TrainingClock(float(saved.get("elapsed_s", 0.0)) - eval_s, eval_s)
+        self.training_clock.start()
         self.last_saved_step = step
         if self.trainer is not None:
             # TRL counts micro-steps to decide when to generate; a resumed trainer starts its count at 0.
@@ -677,41 +674,37 @@ class RunDirCallback(TrainerCallback):
     def save_checkpoint(self, step: int) -> Path:
         """`step-N/policy` (weights + tokenizer), `step-N/trl` (TRL's optimizer, scheduler, RNG and trainer
         state, what `resume_from_checkpoint` reads), and our `step-N/trainer_state.json` last."""
-        final = self.run.checkpoint_dir(step)
-        tmp = final.with_name(f".tmp-{final.name}")
-        if tmp.exists():
-            shutil.rmtree(tmp)
-        tmp.mkdir(parents=True)
+        final = self.run.write_checkpoint(step, lambda folder: self._fill_checkpoint(folder, step))
+        self.last_saved_step = step
+        return final
+
+    def _fill_checkpoint(self, folder: Path, step: int) -> None:
         model = self._model()
-        model.save_pretrained(tmp / "policy")
+        model.save_pretrained(folder / "policy")
         trainer = self.trainer
         assert trainer is not None
-        trainer.processing_class.save_pretrained(tmp / "policy")
-        trl_dir = tmp / "trl"
+        trainer.processing_class.save_pretrained(folder / "policy")
+        trl_dir = folder / "trl"
         trl_dir.mkdir()
         # transformers' own pieces of `Trainer._save_checkpoint`, minus the weights (saved above, once).
         trainer._save_optimizer_and_scheduler(str(trl_dir))
         trainer._save_scaler(str(trl_dir))
         trainer._save_rng_state(str(trl_dir))
         trainer.state.save_to_json(str(trl_dir / "trainer_state.json"))
+        clock = self.clock()
         atomic_write_json(
-            tmp / "trainer_state.json",
+            folder / "trainer_state.json",
             {
                 "global_step": step,
                 "episode": self.reward.episodes,
                 "trainer": "grpo",
                 "mode": self.cfg.mode,
-                **self.clock(),
-                "elapsed_s": time.perf_counter() - self.started,
-                "eval_s": self.eval_s,
+                **clock,
+                "elapsed_s": clock["time/elapsed_s"],
+                "eval_s": self.training_clock.eval_seconds,
                 "rollout_calls": self.rollout.calls if self.rollout is not None else 0,
             },
         )
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        self.last_saved_step = step
-        return final
 
 
 def truncate_run_after(run: RunDir, step: int) -> None:

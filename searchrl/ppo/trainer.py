@@ -39,9 +39,7 @@ import contextlib
 import json
 import logging
 import math
-import os
 import random
-import shutil
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
@@ -55,6 +53,7 @@ from accelerate.utils import gather_object
 from torch import nn
 from transformers import get_scheduler
 
+from searchrl.common.clock import TrainingClock
 from searchrl.common.config import save_config
 from searchrl.common.io import append_jsonl, atomic_write_json
 from searchrl.common.run import RunDir, build_manifest, step_of_name
@@ -343,9 +342,7 @@ class PPOTrainer:
         # The training clock (`time/train_s`, the x axis of the trainers-side-by-side plots): seconds spent
         # in the training loop, evaluation excluded, summed over sessions. Checkpointed, so a resumed run
         # goes on from its checkpoint's value; `eval_seconds` is the evaluation time on the same terms.
-        self.train_seconds = 0.0
-        self.eval_seconds = 0.0
-        self._clock_started: float | None = None  # perf_counter when the running clock last started
+        self.training_clock = TrainingClock()
 
     # -----------------------------------------------------------------------------------------
     # several processes: DeepSpeed set-up and the cross-rank statistics (identity on one process)
@@ -766,15 +763,9 @@ class PPOTrainer:
         rows = rows if rows is not None else self.eval_rows[: self.args.num_eval_questions]
         if not rows:
             return {}
-        running = self._stop_clock()  # evaluation time is not training time
-        t0 = time.perf_counter()
-        clock = self.clock()  # read when the evaluation begins, as GRPO's runs do
-        try:
+        # Evaluation time is not training time; the clock is read as the evaluation begins, as GRPO's.
+        with self.training_clock.evaluating() as clock:
             out = self._evaluate_rows(rows, seed)
-        finally:
-            self.eval_seconds += time.perf_counter() - t0
-            if running:
-                self._start_clock()
         if self.is_main:  # every rank evaluates the same rows with the same weights and seeds
             atomic_write_json(
                 self.run.eval / f"step-{self.global_step}.json",
@@ -818,31 +809,17 @@ class PPOTrainer:
         self._callback("on_log", logs=line)
 
     # -----------------------------------------------------------------------------------------
-    # the training clock: `time/train_s` runs only inside the training loop and stops for evaluation
+    # the training clock (searchrl/common/clock.py): runs inside the training loop, stops for evaluation
     # -----------------------------------------------------------------------------------------
     def clock(self) -> dict[str, float]:
         """`time/train_s` (training seconds so far, evaluation excluded, earlier sessions included) and
         `time/elapsed_s` (the same plus evaluation seconds)."""
-        train = self.train_seconds
-        if self._clock_started is not None:
-            train += time.perf_counter() - self._clock_started
-        return {"time/train_s": train, "time/elapsed_s": train + self.eval_seconds}
+        return self.training_clock.reading()
 
     def _sync_clock(self) -> None:
         """Every rank takes the main process's readings (the ones it writes), so logged metrics agree."""
-        self.train_seconds, self.eval_seconds = self.ranks.from_main(self.train_seconds, self.eval_seconds)
-
-    def _start_clock(self) -> None:
-        if self._clock_started is None:
-            self._clock_started = time.perf_counter()
-
-    def _stop_clock(self) -> bool:
-        """Fold the running clock into `train_seconds`; True when it was running."""
-        if self._clock_started is None:
-            return False
-        self.train_seconds += time.perf_counter() - self._clock_started
-        self._clock_started = None
-        return True
+        c = self.training_clock
+        c.train_seconds, c.eval_seconds = self.ranks.from_main(c.train_seconds, c.eval_seconds)
 
     # -----------------------------------------------------------------------------------------
     # checkpoints: written to a temporary folder, then renamed; `trainer_state.json` marks completion
@@ -851,23 +828,24 @@ class PPOTrainer:
         """Written by the main process; every rank waits until it is complete, then may read it."""
         final = self.run.checkpoint_dir(self.global_step)
         if self.is_main:
-            self._write_checkpoint(final)
+            self.run.write_checkpoint(self.global_step, self._fill_checkpoint)
+            # `save_total_limit`, never deleting the newest one, the guard's rollback targets or the best.
+            protected = {final, self.last_good_checkpoint, self.unverified_checkpoint, self.best_checkpoint}
+            self.run.prune_checkpoints(self.args.save_total_limit, protected)
         self.accelerator.wait_for_everyone()
         self._callback("on_save")
         return final
 
-    def _write_checkpoint(self, final: Path) -> None:
-        tmp = final.with_name(f".tmp-{final.name}")
-        if tmp.exists():
-            shutil.rmtree(tmp)
-        tmp.mkdir(parents=True)
+    def _fill_checkpoint(self, folder: Path) -> None:
+        """`policy/` (weights + tokenizer), the value model or head, optimizer + scheduler + RNG, and
+        `trainer_state.json` last (`RunDir.write_checkpoint` then renames the folder into place)."""
         model = self.accelerator.unwrap_model(self.wrapped_model)  # the plain PolicyAndValue, not DDP
-        model.policy.save_pretrained(tmp / "policy")  # with PEFT: the adapter only (the base is frozen)
-        self.tokenizer.save_pretrained(tmp / "policy")
+        model.policy.save_pretrained(folder / "policy")  # with PEFT: the adapter only (the base is frozen)
+        self.tokenizer.save_pretrained(folder / "policy")
         if model.value_mode == "separate":
-            model.value_model.save_pretrained(tmp / "value")
+            model.value_model.save_pretrained(folder / "value")
         else:
-            torch.save(model.value_head.state_dict(), tmp / "value_head.pt")
+            torch.save(model.value_head.state_dict(), folder / "value_head.pt")
         torch.save(
             {
                 "optimizer": self.optimizer.state_dict(),
@@ -878,7 +856,7 @@ class PPOTrainer:
                     "torch": torch.get_rng_state(),
                 },
             },
-            tmp / "optim_rng.pt",
+            folder / "optim_rng.pt",
         )
         state = {
             "global_step": self.global_step,
@@ -892,27 +870,9 @@ class PPOTrainer:
             "lr_scale": self.lr_scale,
             "best": self.best,
             **self.clock(),
-            "time/eval_s": self.eval_seconds,
+            "time/eval_s": self.training_clock.eval_seconds,
         }
-        atomic_write_json(tmp / "trainer_state.json", state)
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        self._prune_checkpoints(keep=final)
-
-    def _prune_checkpoints(self, keep: Path) -> None:
-        """Honour `save_total_limit`, never deleting the newest one or the guard's rollback target."""
-        limit = self.args.save_total_limit
-        if not limit:
-            return
-        done = sorted(
-            (p for p in self.run.checkpoints.glob("step-*") if (p / "trainer_state.json").exists()),
-            key=lambda p: int(p.name.split("-")[1]),
-        )
-        protected = {keep, self.last_good_checkpoint, self.unverified_checkpoint, self.best_checkpoint}
-        for old in done[: max(0, len(done) - limit)]:
-            if old not in protected:
-                shutil.rmtree(old, ignore_errors=True)
+        atomic_write_json(folder / "trainer_state.json", state)
 
     def load_checkpoint(self, path: str | Path, restore_clock: bool = True) -> None:
         """Restore everything a checkpoint holds. `restore_clock=False` (the collapse guard's rollback) keeps
@@ -948,10 +908,7 @@ class PPOTrainer:
                 self.run.checkpoint_dir(int(self.best["step"])) if self.best is not None else None
             )
         if restore_clock:
-            self.train_seconds = float(state.get("time/train_s", 0.0))
-            self.eval_seconds = float(state.get("time/eval_s", 0.0))
-            if self._clock_started is not None:
-                self._clock_started = time.perf_counter()
+            self.training_clock.restore(state.get("time/train_s", 0.0), state.get("time/eval_s", 0.0))
         self.last_good_checkpoint = path
 
     # -----------------------------------------------------------------------------------------
@@ -998,16 +955,16 @@ class PPOTrainer:
         )
         with progress:
             task = progress.add_task("ppo", total=self.num_total_batches, completed=self.global_step, info="")
-            self._start_clock()
+            self.training_clock.start()
             while self.global_step < self.num_total_batches:
                 metrics = self.step()
                 # The clock stops at the end of the step: its reading is the step's and its eval file's.
-                self._stop_clock()
+                self.training_clock.stop()
                 self._sync_clock()
                 metrics.update(self.clock())
                 if a.eval_steps and self.eval_rows and self.global_step % a.eval_steps == 0:
                     metrics.update(self.evaluate())
-                self._start_clock()
+                self.training_clock.start()
                 rollback = a.collapse_guard and self._collapse_check(metrics)
                 if not rollback and self.unverified_checkpoint is not None:
                     # This step's rollouts came from the unverified weights and passed the guard.
@@ -1038,7 +995,7 @@ class PPOTrainer:
             or self.run.latest_checkpoint().name != f"step-{self.global_step}"
         ):
             self.save_checkpoint()
-        self._stop_clock()
+        self.training_clock.stop()
         self._callback("on_train_end")
         return self.last_metrics
 
