@@ -236,6 +236,26 @@ def summarise(
     return out
 
 
+def dev_metrics(trajs: Sequence[Trajectory], rubric: Any = None) -> dict[str, float]:
+    """The periodic dev evaluation's figures, the same for every trainer: `eval/exact_match`, `eval/f1`,
+    `eval/searches_per_question` and, given a rubric, `eval/reward` (the training reward). The rubric is
+    a `Rubric` (its `evaluate` leaves the trajectories untouched) or any reward with PPO's
+    `score(traj) -> (total, breakdown)`. `summarise` is the full report with intervals; this is the
+    per-step line."""
+    if not trajs:
+        return {}
+    n = len(trajs)
+    out = {
+        "eval/exact_match": sum(exact_match(t.answer or "", t.golds) for t in trajs) / n,
+        "eval/f1": sum(f1_score(t.answer or "", t.golds) for t in trajs) / n,
+        "eval/searches_per_question": sum(len(t.tool_calls) for t in trajs) / n,
+    }
+    if rubric is not None:
+        reward = getattr(rubric, "evaluate", None) or rubric.score
+        out["eval/reward"] = sum(reward(t)[0] for t in trajs) / n
+    return out
+
+
 def _ci_key(confidence: float) -> str:
     return "ci95" if abs(confidence - 0.95) < 1e-12 else f"ci{confidence:g}"
 

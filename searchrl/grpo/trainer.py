@@ -56,11 +56,11 @@ from searchrl.common.trajectory import Span, ToolCallRecord, Trajectory, write_t
 from searchrl.env.environment import EnvConfig, SearchEnvironment
 from searchrl.env.protocol import parse_turn
 from searchrl.env.trl_adapter import SearchToolEnv
-from searchrl.evaluation.evaluate import generation_config_from_ppo
+from searchrl.evaluation.evaluate import dev_metrics, generation_config_from_ppo
 from searchrl.grpo.config import GRPORunConfig
 from searchrl.models.forward_patches import remove_trainer_forward_patches, shares_storage
 from searchrl.rewards.combine import Rubric, default_rubric, load_rubric, mean_breakdown
-from searchrl.rewards.qa import exact_match, f1_score
+from searchrl.rewards.qa import exact_match
 from searchrl.rollout.generator import GenerationConfig, HFGenerator
 from searchrl.rollout.stats import termination_stats, tool_stats
 from searchrl.search.base import Backend
@@ -555,13 +555,7 @@ class DevEvaluator:
             config = replace(self.generation_config, seed=self.generation_config.seed + i)
             generator = HFGenerator(model, self.tokenizer, config)
             trajs.extend(generator.rollout([self.env_factory() for _ in chunk], chunk).trajectories)
-        n = len(trajs)
-        out = {
-            "eval/exact_match": sum(exact_match(t.answer or "", t.golds) for t in trajs) / n,
-            "eval/f1": sum(f1_score(t.answer or "", t.golds) for t in trajs) / n,
-            "eval/searches_per_question": sum(len(t.tool_calls) for t in trajs) / n,
-            "eval/reward": sum(self.rubric.evaluate(t)[0] for t in trajs) / n,
-        }
+        out = dev_metrics(trajs, self.rubric)
         atomic_write_json(self.run.eval / f"step-{step}.json", {"step": step, **(extra or {}), **out})
         return out
 

@@ -776,23 +776,14 @@ class PPOTrainer:
 
     @torch.no_grad()
     def _evaluate_rows(self, rows: list[dict], seed: int) -> dict[str, float]:
-        from searchrl.rewards.qa import exact_match, f1_score
+        from searchrl.evaluation.evaluate import dev_metrics
 
         trajs: list[Trajectory] = []
         bs = self.args.local_batch_size
         for i in range(0, len(rows), bs):
             t, _ = self.rollout(rows[i : i + bs], seed=seed + i, temperature=self.args.eval_temperature)
             trajs.extend(t)
-        em = [exact_match(t.answer or "", t.golds) for t in trajs]
-        f1 = [f1_score(t.answer or "", t.golds) for t in trajs]
-        out = {
-            "eval/exact_match": float(np.mean(em)),
-            "eval/f1": float(np.mean(f1)),
-            "eval/searches_per_question": float(np.mean([len(t.tool_calls) for t in trajs])),
-        }
-        if self.rubric is not None:
-            out["eval/reward"] = float(np.mean([self.rubric.score(t)[0] for t in trajs]))
-        return out
+        return dev_metrics(trajs, self.rubric)
 
     def _evaluate_on_start(self) -> None:
         """`eval_on_start`: the starting policy measured before the first update, as `eval/step-0.json` and
