@@ -112,3 +112,27 @@ def test_unstable_search_reports_every_mode_and_seed(demo_run, tmp_path):
         assert len(summary["reward_variance_per_step"]) == len(summary["steps"])
         assert _finite([summary["final_reward_variance"], summary["final_test_exact_match_mean"]])
     assert _is_png(out_png)
+
+
+def test_demo_seeds_gathers_each_run_and_refuses_an_unfinished_one(demo_run, tmp_path):
+    demo_seeds = _load("demo_seeds")
+    out_json, out_png = tmp_path / "seeds.json", tmp_path / "seeds.png"
+    assert (
+        demo_seeds.main(
+            ["--run", str(demo_run), str(demo_run), "--json", str(out_json), "--plot", str(out_png)]
+        )
+        == 0
+    )
+    table = json.loads(out_json.read_text())
+    summary = json.loads((demo_run / "summary.json").read_text())
+    assert len(table["seeds"]) == 2
+    row = table["seeds"][0]
+    assert row["ppo_exact_match"] == summary["ppo"]["test"]["exact_match"]
+    assert row["improvement"] == pytest.approx(row["ppo_exact_match"] - row["sft_exact_match"], abs=1e-4)
+    assert row["kl_steps"] == summary["ppo"]["steps"] and row["dev_curve"][0][0] == 0
+    assert table["mean"]["ppo_exact_match"] == pytest.approx(row["ppo_exact_match"])
+    assert _is_png(out_png)
+    unfinished = tmp_path / "half"
+    unfinished.mkdir()
+    with pytest.raises(ValueError, match="no summary.json"):
+        demo_seeds.main(["--run", str(unfinished), "--json", str(out_json), "--plot", str(out_png)])

@@ -1,0 +1,131 @@
+"""The demo across seeds, side by side: one table and one figure from finished `searchrl demo` runs.
+
+A figure that holds on one seed is an anecdote, so the README reports the demo per seed and the mean. This
+reads finished demo directories (`searchrl demo --seed N --out DIR`, nothing is rerun) and gathers, per
+seed, what a reader should see together: SFT and PPO hidden-test exact match with their 95% bootstrap
+intervals, by hop count, citation support, the audit's verdict and fabricated-citation share (from
+`ppo/audit.json`, written by `searchrl audit --run DIR/ppo`, when present), the KL to the reference and the
+sampling-vs-training log-probability gap from `ppo/metrics.jsonl`, the dev curve, the wall-clock and peak
+RSS. The test split is only read here; nothing is chosen from it.
+
+    .venv/bin/python benchmarks/demo_seeds.py --run runs/demo-s0 runs/demo-s1 runs/demo-s2 \\
+        --json docs/figures/demo_seeds.json --plot docs/figures/demo_seeds.png
+
+The PNG has two panels: dev exact match against the PPO step (one line per seed), and hidden-test exact
+match after SFT and after PPO per seed, with the 95% intervals as whiskers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _experiment_common import pyplot, save_figure, write_json  # noqa: E402
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def seed_figures(run: Path) -> dict[str, Any]:
+    """Everything one demo directory says about its result; ValueError naming what is missing."""
+    summary_path = run / "summary.json"
+    if not summary_path.exists():
+        raise ValueError(f"{run}: no summary.json; pass a finished `searchrl demo --out {run}` directory")
+    summary = json.loads(summary_path.read_text(encoding="utf-8"))
+    sft, ppo = summary["sft"]["test"], summary["ppo"]["test"]
+    metrics = read_jsonl(run / "ppo" / "metrics.jsonl")
+    kl = [m["objective/kl"] for m in metrics if "objective/kl" in m]
+    gap = [m["rollout/logprob_max_abs_diff"] for m in metrics if "rollout/logprob_max_abs_diff" in m]
+    dev = [(int(m["step"]), float(m["eval/exact_match"])) for m in metrics if "eval/exact_match" in m]
+    out: dict[str, Any] = {
+        "run": str(run),
+        "seed": summary["manifest"]["seeds"]["seed"],
+        "sft_exact_match": sft["exact_match"],
+        "sft_exact_match_ci95": sft["ci95"]["exact_match"],
+        "ppo_exact_match": ppo["exact_match"],
+        "ppo_exact_match_ci95": ppo["ci95"]["exact_match"],
+        "improvement": round(ppo["exact_match"] - sft["exact_match"], 4),
+        "ppo_f1": ppo["f1"],
+        "by_hops_exact_match": {
+            hops: {"sft": sft["by_hops"][hops]["exact_match"], "ppo": ppo["by_hops"][hops]["exact_match"]}
+            for hops in sorted(ppo["by_hops"])
+        },
+        "searches_per_question": {"sft": sft["searches_per_question"], "ppo": ppo["searches_per_question"]},
+        "citation_support": {"sft": sft["citation_support"], "ppo": ppo["citation_support"]},
+        "closed_book_exact_match": summary["sft"]["closed_book_test"]["exact_match"],
+        "kl_nonzero_steps": sum(abs(v) > 1e-6 for v in kl),
+        "kl_steps": len(kl),
+        "kl_min": min(kl, default=None),
+        "kl_max": max(kl, default=None),
+        "kl_last": kl[-1] if kl else None,
+        "logprob_gap_max": max(gap, default=None),
+        "dev_curve": dev,
+        "wall_seconds": summary["wall_seconds"],
+        "peak_rss_mb": summary["peak_rss_mb"],
+    }
+    audit_path = run / "ppo" / "audit.json"
+    if audit_path.exists():
+        audit = json.loads(audit_path.read_text(encoding="utf-8"))
+        checks = {c["name"]: c for c in audit["checks"]}
+        out["audit_verdict"] = audit["verdict"]
+        out["fabricated_citations_training"] = checks["fabricated_citations"]["value"]
+        out["evaluation_verdicts"] = {k: v["verdict"] for k, v in audit.get("evaluations", {}).items()}
+    return out
+
+
+def mean_of(seeds: list[dict[str, Any]]) -> dict[str, float]:
+    keys = ("sft_exact_match", "ppo_exact_match", "improvement", "ppo_f1")
+    out = {k: round(statistics.fmean(s[k] for s in seeds), 4) for k in keys}
+    out["ppo_citation_support"] = round(statistics.fmean(s["citation_support"]["ppo"] for s in seeds), 4)
+    return out
+
+
+def plot(seeds: list[dict[str, Any]], path: Path) -> None:
+    plt = pyplot()
+    fig, (curves, bars) = plt.subplots(1, 2, figsize=(11, 4))
+    for s in seeds:
+        steps, em = zip(*s["dev_curve"], strict=True) if s["dev_curve"] else ((), ())
+        curves.plot(steps, em, marker="o", label=f"seed {s['seed']}")
+    curves.set(xlabel="PPO step", ylabel="dev exact match", title="dev exact match during PPO", ylim=(0, 1))
+    curves.legend()
+    width = 0.38
+    for i, s in enumerate(seeds):
+        for offset, stage, color in ((-width / 2, "sft", "tab:gray"), (width / 2, "ppo", "tab:blue")):
+            value = s[f"{stage}_exact_match"]
+            low, high = s[f"{stage}_exact_match_ci95"]
+            bars.bar(i + offset, value, width, color=color, label=stage.upper() if i == 0 else None)
+            bars.errorbar(i + offset, value, yerr=[[value - low], [high - value]], color="black", capsize=3)
+    bars.set_xticks(range(len(seeds)), [f"seed {s['seed']}" for s in seeds])
+    bars.set(ylabel="hidden-test exact match (95% CI)", title="SFT warm start → PPO, per seed", ylim=(0, 1))
+    bars.legend()
+    save_figure(fig, path)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--run", nargs="+", required=True, type=Path, help="Finished demo directories.")
+    parser.add_argument("--json", required=True, type=Path, help="Where to write the per-seed table.")
+    parser.add_argument("--plot", required=True, type=Path, help="Where to write the 2-panel PNG.")
+    args = parser.parse_args(argv)
+    seeds = [seed_figures(run) for run in args.run]
+    write_json(args.json, {"seeds": seeds, "mean": mean_of(seeds)})
+    plot(seeds, args.plot)
+    for s in seeds:
+        print(
+            f"seed {s['seed']}: SFT {s['sft_exact_match']:.2f} -> PPO {s['ppo_exact_match']:.2f} "
+            f"(citation {s['citation_support']['ppo']:.2f}, audit {s.get('audit_verdict', 'not run')}, "
+            f"KL last {s['kl_last']}, gap {s['logprob_gap_max']})"
+        )
+    print("mean:", mean_of(seeds))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
