@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from searchrl.common.trajectory import Trajectory
-from searchrl.rewards.reward_model import sequence_scores
+from searchrl.rewards.scoring import sequence_scores
 
 
 def judge_text(traj: Trajectory, max_docs: int = 5, max_doc_chars: int = 400) -> str:

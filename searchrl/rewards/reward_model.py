@@ -37,25 +37,11 @@ from torch import nn
 
 from searchrl.common.config import ConfigError
 from searchrl.common.trl_args import cpu_safe_trainer_kwargs
-
-# -- scoring (used by the PPO trainer; names and behaviour are a contract) --------------------------
-
-
-def last_token_indices(attention_mask: torch.Tensor) -> torch.Tensor:
-    """Index of the last attended position of each row (from lengths, never from pad-id comparison)."""
-    positions = torch.arange(attention_mask.shape[1], device=attention_mask.device)
-    return (attention_mask.long() * positions).max(dim=1).values
-
-
-def sequence_scores(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """Scalar score per row: the head's logit at the last real token of a right- or left-padded batch."""
-    position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-    backbone = getattr(model, model.base_model_prefix)
-    hidden = backbone(
-        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
-    ).last_hidden_state
-    logits = model.score(hidden).squeeze(-1)
-    return logits.gather(1, last_token_indices(attention_mask)[:, None]).squeeze(1)
+from searchrl.rewards.citation import citation_status
+from searchrl.rewards.combine import default_rubric
+from searchrl.rewards.qa import exact_match
+from searchrl.rewards.scoring import sequence_scores
+from searchrl.rewards.shaping import FormatReward
 
 
 class FrozenRewardModel:
@@ -147,10 +133,6 @@ def judge_trajectory(traj: Any) -> str:
     Reasons: 'malformed' (no well-formed final answer), 'wrong' (not an exact match), 'unsupported'
     (the citations are missing, fabricated or do not contain the answer).
     """
-    from searchrl.rewards.citation import citation_status
-    from searchrl.rewards.qa import exact_match
-    from searchrl.rewards.shaping import FormatReward
-
     if traj.answer is None or FormatReward(ok=1.0, fail=0.0)(traj) < 1.0:
         return "malformed"
     if exact_match(traj.answer, list(traj.golds)) < 1.0:
@@ -175,8 +157,6 @@ def build_preference_pairs(
     samples do not dominate.
     """
     if with_margin and rule_reward is None:
-        from searchrl.rewards.combine import default_rubric
-
         rule_reward = _total_of(default_rubric())
     groups: dict[str, list[Any]] = {}
     for traj in trajectories:

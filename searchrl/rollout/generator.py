@@ -155,8 +155,9 @@ class RolloutBatch:
 
 
 @dataclass
-class _Row:
-    """Per-row bookkeeping while the batch decodes."""
+class EpisodeState:
+    """One episode's state while its batch decodes (tokens, mask, logprobs, turn and budget counts); every
+    engine's loop (HFGenerator, VLLMGenerator) keeps one per row."""
 
     index: int
     env: Any
@@ -449,7 +450,7 @@ class HFGenerator:
             return self._step_batch(envs, texts)
         return step_batch(envs, texts)
 
-    def _safe_step(self, ended: list[tuple[_Row, str]]) -> list[Any]:
+    def _safe_step(self, ended: list[tuple[EpisodeState, str]]) -> list[Any]:
         """`step_batch` for the paused rows; if the environment raises, those rows get None (-> "error").
 
         A policy's bad call is an observation inside the environment; this only catches the
@@ -471,7 +472,7 @@ class HFGenerator:
         return self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
     def _choose(
-        self, logits: torch.Tensor, rows: list[_Row], gen: torch.Generator
+        self, logits: torch.Tensor, rows: list[EpisodeState], gen: torch.Generator
     ) -> tuple[list[int], list[float]]:
         cfg = self.config
         logp = sampling_log_probs(logits, cfg.temperature, cfg.top_k, cfg.top_p)
@@ -498,7 +499,7 @@ class HFGenerator:
         chosen = torch.tensor(tokens, dtype=torch.long)
         return tokens, logp.gather(1, chosen[:, None]).squeeze(1).tolist()
 
-    def _turn_end(self, r: _Row, token: int) -> tuple[bool, str]:
+    def _turn_end(self, r: EpisodeState, token: int) -> tuple[bool, str]:
         """(ended, text to hand the environment) after `token` was appended to the row's turn."""
         if token == self.eos_id:
             return True, self._decode(r.turn_ids[:-1])
@@ -511,7 +512,7 @@ class HFGenerator:
                 return True, self._decode(r.turn_ids)
         return False, ""
 
-    def _record_action(self, r: _Row, text: str) -> None:
+    def _record_action(self, r: EpisodeState, text: str) -> None:
         start = len(r.ids) - len(r.turn_ids)
         r.spans.append(Span("action", start, len(r.ids), text))
         if r.glue is not None:
@@ -521,12 +522,12 @@ class HFGenerator:
         r.turn_ids = []
         r.turn_index += 1
 
-    def _finish(self, r: _Row, reason: str) -> None:
+    def _finish(self, r: EpisodeState, reason: str) -> None:
         if not getattr(r.env, "done", False):
             r.env.finish(reason)
         r.done = True
 
-    def _insert(self, r: _Row, result: Any) -> list[int]:
+    def _insert(self, r: EpisodeState, result: Any) -> list[int]:
         """Observation tokens for a step result (glue included), or [] when the budget forbids them."""
         if r.glue is not None:
             ids = r.glue.suffix_ids(list(result.tool_messages))
@@ -576,7 +577,7 @@ class HFGenerator:
             logits = kv.prefill([r.ids for r in live])
             while live:
                 tokens, logps = self._choose(logits, live, gen)
-                ended: list[tuple[_Row, str]] = []
+                ended: list[tuple[EpisodeState, str]] = []
                 for r, tok, lp in zip(live, tokens, logps, strict=True):
                     r.ids.append(tok)
                     r.mask.append(1)
@@ -592,27 +593,8 @@ class HFGenerator:
                         self._finish(r, "token_budget")
                 inserts: dict[int, list[int]] = {}
                 if ended:
-                    for r, _ in ended:
-                        # The environment's budget starts from the exact count before this turn; it
-                        # adds its own estimate of the turn and observation on top.
-                        _sync_token_count(r.env, r.episode_tokens - len(r.turn_ids))
-                    t0 = time.perf_counter()
-                    results = self._safe_step(ended)
-                    search_s += time.perf_counter() - t0
-                    for (r, text), res in zip(ended, results, strict=True):
-                        self._record_action(r, text)
-                        if res is None:  # the environment itself failed: end with "error", keep going
-                            self._finish(r, "error")
-                            continue
-                        if res.done:
-                            r.done = True
-                            continue
-                        ids = self._insert(r, res)
-                        if ids:
-                            inserts[r.index] = ids
-                            _sync_token_count(r.env, r.episode_tokens)
-                        else:
-                            self._finish(r, "token_budget")
+                    seconds, inserts = self._step_ended(ended)
+                    search_s += seconds
                 logits = self._advance(kv, live, tokens, inserts)
                 live = [r for r in live if not r.done]
         if was_training:
@@ -628,8 +610,43 @@ class HFGenerator:
         )
         return RolloutBatch(trajectories, stats)
 
+    def _step_ended(self, ended: list[tuple[EpisodeState, str]]) -> tuple[float, dict[int, list[int]]]:
+        """One batched environment step for every row whose turn ended (every engine's loop calls it).
+
+        Records each action; a row whose environment failed ends with "error" (the others go on), a
+        finished one is done, one whose observation does not fit ends with "token_budget". Returns the
+        step's seconds and the observation ids inserted per row index (the KV cache feeds them next).
+        """
+        for r, _ in ended:
+            # The environment's budget starts from the exact count before this turn; it adds its own
+            # estimate of the turn and observation on top.
+            _sync_token_count(r.env, r.episode_tokens - len(r.turn_ids))
+        t0 = time.perf_counter()
+        results = self._safe_step(ended)
+        seconds = time.perf_counter() - t0
+        inserts: dict[int, list[int]] = {}
+        for (r, text), res in zip(ended, results, strict=True):
+            self._record_action(r, text)
+            if res is None:  # the environment itself failed: only this row ends
+                self._finish(r, "error")
+                continue
+            if res.done:
+                r.done = True
+                continue
+            ids = self._insert(r, res)
+            if ids:
+                inserts[r.index] = ids
+                _sync_token_count(r.env, r.episode_tokens)
+            else:
+                self._finish(r, "token_budget")
+        return seconds, inserts
+
     def _advance(
-        self, kv: _KVBatch | _ReplayKV, live: list[_Row], tokens: list[int], inserts: dict[int, list[int]]
+        self,
+        kv: _KVBatch | _ReplayKV,
+        live: list[EpisodeState],
+        tokens: list[int],
+        inserts: dict[int, list[int]],
     ) -> torch.Tensor:
         """Feed this step's tokens of the rows still running; returns their next-token logits, in order."""
         keep = [i for i, r in enumerate(live) if not r.done]
@@ -647,13 +664,13 @@ class HFGenerator:
         kv.compact(force=False, threshold=self.config.compact_pad_fraction)
         return logits
 
-    def _start_row(self, index: int, env: Any, row: dict[str, Any]) -> _Row:
+    def _start_row(self, index: int, env: Any, row: dict[str, Any]) -> EpisodeState:
         messages = [dict(m) for m in env.reset(row)]
         tools = list(getattr(env, "tools", []) or [])
         ids = prompt_ids(self.tokenizer, messages, tools)
         protocol = getattr(getattr(env, "config", None), "protocol", "chat")
         glue = self._glue_for(tools) if protocol == "chat" else None
-        return _Row(
+        return EpisodeState(
             index=index,
             env=env,
             row=row,
@@ -666,7 +683,7 @@ class HFGenerator:
             glue=glue,
         )
 
-    def _trajectory(self, r: _Row) -> Trajectory:
+    def _trajectory(self, r: EpisodeState) -> Trajectory:
         env = r.env
         messages = list(r.messages)
         if r.glue is None and r.turn_index:

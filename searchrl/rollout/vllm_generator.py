@@ -53,12 +53,11 @@ from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from searchrl.common.config import ConfigError
 from searchrl.rollout.generator import (
+    EpisodeState,
     GenerationConfig,
     HFGenerator,
     RolloutBatch,
     TokenForcing,
-    _Row,
-    _sync_token_count,
     sampling_log_probs,
 )
 from searchrl.rollout.stats import rollout_stats
@@ -509,14 +508,14 @@ class VLLMGenerator(HFGenerator):
         self._synced_version = weights_version(model)
 
     # -- the loop ---------------------------------------------------------------------------------
-    def _seed(self, r: _Row) -> int:
+    def _seed(self, r: EpisodeState) -> int:
         # One sampling stream per (run seed, row, turn, position): rollouts repeat for the same seed.
         key = (self.config.seed * 1_000_003 + r.index * 10_007 + r.turn_index * 101 + len(r.turn_ids)) % (
             2**31
         )
         return int(key)
 
-    def _params(self, r: _Row, room: int) -> TurnParams:
+    def _params(self, r: EpisodeState, room: int) -> TurnParams:
         cfg = self.config
         return TurnParams(
             max_tokens=room,
@@ -531,7 +530,7 @@ class VLLMGenerator(HFGenerator):
             position=len(r.turn_ids),
         )
 
-    def _room(self, r: _Row) -> int:
+    def _room(self, r: EpisodeState) -> int:
         """Most tokens this row may sample in the next call: the turn, episode and context budgets."""
         cfg = self.config
         room = min(cfg.max_new_tokens_per_turn - len(r.turn_ids), cfg.max_episode_tokens - r.episode_tokens)
@@ -540,7 +539,7 @@ class VLLMGenerator(HFGenerator):
             room = min(room, int(max_len) - len(r.ids))
         return room
 
-    def _consume(self, r: _Row, out: TurnCompletion) -> tuple[bool, str, int]:
+    def _consume(self, r: EpisodeState, out: TurnCompletion) -> tuple[bool, str, int]:
         """Append the answer's tokens up to where HFGenerator stops; (turn ended, its text, dropped)."""
         if len(out.logprobs) != len(out.token_ids):
             raise RuntimeError(
@@ -579,7 +578,7 @@ class VLLMGenerator(HFGenerator):
         computed = submitted = cached_total = calls = dropped_total = 0
         live = list(states)
         while live:
-            asking: list[tuple[_Row, int]] = []
+            asking: list[tuple[EpisodeState, int]] = []
             for r in live:
                 room = self._room(r)
                 if room >= 1:
@@ -595,7 +594,7 @@ class VLLMGenerator(HFGenerator):
                 calls += 1
                 if len(answers) != len(asking):
                     raise RuntimeError(f"engine returned {len(answers)} answers for {len(asking)} prompts")
-                ended: list[tuple[_Row, str]] = []
+                ended: list[tuple[EpisodeState, str]] = []
                 for (r, _), prompt, out in zip(asking, prompts, answers, strict=True):
                     if not out.token_ids:
                         raise RuntimeError(f"engine returned no token for row {r.index}")
@@ -609,7 +608,7 @@ class VLLMGenerator(HFGenerator):
                     if is_end:
                         ended.append((r, text))
                 if ended:
-                    search_s += self._step_ended(ended)
+                    search_s += self._step_ended(ended)[0]  # HFGenerator's environment step
             live = [r for r in live if not r.done]
         wall = time.perf_counter() - started
         trajectories = [self._trajectory(r) for r in states]
@@ -623,28 +622,6 @@ class VLLMGenerator(HFGenerator):
         stats["rollout/dropped_engine_tokens"] = float(dropped_total)
         stats["rollout/weight_syncs"] = float(self.weight_syncs)
         return RolloutBatch(trajectories, stats)
-
-    def _step_ended(self, ended: list[tuple[_Row, str]]) -> float:
-        """One batched environment step for every row whose turn ended; returns its seconds."""
-        for r, _ in ended:
-            # The environment's budget starts from the exact count before this turn (as HFGenerator).
-            _sync_token_count(r.env, r.episode_tokens - len(r.turn_ids))
-        t0 = time.perf_counter()
-        results = self._safe_step(ended)
-        seconds = time.perf_counter() - t0
-        for (r, text), res in zip(ended, results, strict=True):
-            self._record_action(r, text)
-            if res is None:  # the environment itself failed: only this row ends
-                self._finish(r, "error")
-                continue
-            if res.done:
-                r.done = True
-                continue
-            if self._insert(r, res):
-                _sync_token_count(r.env, r.episode_tokens)
-            else:
-                self._finish(r, "token_budget")
-        return seconds
 
 
 # -------------------------------------------------------------------------------------------------
