@@ -7,6 +7,7 @@ checkpoint and lowers the learning rate (`PPOTrainer._collapse_check`). Its stat
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 
@@ -91,3 +92,15 @@ class CollapseGuard:
         self.best_reward = d.get("best_reward")
         self.format_baseline = d.get("format_baseline")
         self.entropy_baseline = d.get("entropy_baseline")
+
+
+def rescale_learning_rates(optimizer: Any, lr_scheduler: Any, factor: float) -> None:
+    """Multiply the current and the scheduled (base) learning rates of every param group by `factor` (the
+    guard's cut after a rollback; the scheduler keeps its place in the schedule)."""
+    for g in optimizer.param_groups:
+        g["lr"] *= factor
+        if "initial_lr" in g:
+            g["initial_lr"] *= factor
+    if hasattr(lr_scheduler, "base_lrs"):
+        lr_scheduler.base_lrs = [lr * factor for lr in lr_scheduler.base_lrs]
+        lr_scheduler._last_lr = [g["lr"] for g in optimizer.param_groups]

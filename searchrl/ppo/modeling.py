@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import logging
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -158,3 +159,37 @@ def frozen_copy(model: nn.Module) -> nn.Module:
     for p in ref.parameters():
         p.requires_grad_(False)
     return ref
+
+
+def load_adapter_weights(model: nn.Module, path: Path) -> None:
+    """Load a PEFT `save_pretrained` folder's adapter weights into an existing PeftModel."""
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    file = path / "adapter_model.safetensors"
+    if not file.exists():
+        raise FileNotFoundError(
+            f"{path}: no adapter_model.safetensors (was this checkpoint written with PEFT?)"
+        )
+    result = set_peft_model_state_dict(model, load_file(str(file)))
+    unexpected = list(getattr(result, "unexpected_keys", []) or [])
+    if unexpected:
+        raise RuntimeError(f"{path}: adapter weights do not match the model (unexpected {unexpected[:3]})")
+
+
+def load_weights(model: nn.Module, path: Path) -> None:
+    """Load a `save_pretrained` folder's weights into an existing model (keeps optimizer references)."""
+    from safetensors.torch import load_file
+
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{path}: no *.safetensors weights to load")
+    state: dict[str, torch.Tensor] = {}
+    for f in files:
+        state.update(load_file(str(f)))
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    real_missing = [k for k in missing if not k.endswith("lm_head.weight")]
+    if real_missing or unexpected:
+        raise RuntimeError(
+            f"{path}: weights do not match the model (missing {real_missing[:3]}, unexpected {unexpected[:3]})"
+        )

@@ -68,13 +68,15 @@ from searchrl.ppo.advantages import (
 )
 from searchrl.ppo.config import PPOConfig
 from searchrl.ppo.distributed import RankOps
-from searchrl.ppo.guard import CollapseGuard
+from searchrl.ppo.guard import CollapseGuard, rescale_learning_rates
 from searchrl.ppo.kl import kl_penalty, make_kl_controller, per_sequence_kl
 from searchrl.ppo.losses import policy_loss, value_loss
 from searchrl.ppo.modeling import (
     PolicyAndValue,
     disable_dropout,
     frozen_copy,
+    load_adapter_weights,
+    load_weights,
     position_ids_from_mask,
     prepare_policy,
     token_entropy,
@@ -1059,7 +1061,7 @@ class PPOTrainer:
         self.load_checkpoint(self.last_good_checkpoint, restore_clock=False)
         self.unverified_checkpoint = None  # its weights produced the collapse
         # The checkpoint's scheduler already carries its own lr_scale: scale by the ratio only.
-        self._rescale_learning_rates(lr_scale / self.lr_scale)
+        rescale_learning_rates(self.optimizer, self.lr_scheduler, lr_scale / self.lr_scale)
         self.rollbacks, self.lr_scale = rollbacks, lr_scale
         self.guard.reset_window()
         metrics["guard/rollback"] = 1.0
@@ -1069,16 +1071,6 @@ class PPOTrainer:
         metrics["guard/failed_step"] = float(failed_step)
         metrics["guard/reason"] = reason  # type: ignore[assignment]
         return True
-
-    def _rescale_learning_rates(self, factor: float) -> None:
-        """Multiply the current and the scheduled (base) learning rates of every param group by `factor`."""
-        for g in self.optimizer.param_groups:
-            g["lr"] *= factor
-            if "initial_lr" in g:
-                g["initial_lr"] *= factor
-        if hasattr(self.lr_scheduler, "base_lrs"):
-            self.lr_scheduler.base_lrs = [lr * factor for lr in self.lr_scheduler.base_lrs]
-            self.lr_scheduler._last_lr = [g["lr"] for g in self.optimizer.param_groups]
 
     # -----------------------------------------------------------------------------------------
     # transformers callbacks: report_to integrations (tensorboard, trackio, ...) plus the user's own
@@ -1123,37 +1115,3 @@ class PPOTrainer:
             self.state.log_history.append(logs)
             kwargs = {"logs": logs}
         self.control = getattr(handler, event)(self.hf_args, self.state, self.control, **kwargs)
-
-
-def load_adapter_weights(model: nn.Module, path: Path) -> None:
-    """Load a PEFT `save_pretrained` folder's adapter weights into an existing PeftModel."""
-    from peft import set_peft_model_state_dict
-    from safetensors.torch import load_file
-
-    file = path / "adapter_model.safetensors"
-    if not file.exists():
-        raise FileNotFoundError(
-            f"{path}: no adapter_model.safetensors (was this checkpoint written with PEFT?)"
-        )
-    result = set_peft_model_state_dict(model, load_file(str(file)))
-    unexpected = list(getattr(result, "unexpected_keys", []) or [])
-    if unexpected:
-        raise RuntimeError(f"{path}: adapter weights do not match the model (unexpected {unexpected[:3]})")
-
-
-def load_weights(model: nn.Module, path: Path) -> None:
-    """Load a `save_pretrained` folder's weights into an existing model (keeps optimizer references)."""
-    from safetensors.torch import load_file
-
-    files = sorted(path.glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"{path}: no *.safetensors weights to load")
-    state: dict[str, torch.Tensor] = {}
-    for f in files:
-        state.update(load_file(str(f)))
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    real_missing = [k for k in missing if not k.endswith("lm_head.weight")]
-    if real_missing or unexpected:
-        raise RuntimeError(
-            f"{path}: weights do not match the model (missing {real_missing[:3]}, unexpected {unexpected[:3]})"
-        )
