@@ -59,8 +59,9 @@ from _experiment_common import (  # noqa: E402
 )
 
 from searchrl.common.io import atomic_write_json  # noqa: E402
+from searchrl.evaluation.compare import TrainerCurve, read_trainer_curve  # noqa: E402
 from searchrl.evaluation.evaluate import generation_config_from_ppo  # noqa: E402
-from searchrl.evaluation.report import TrainerCurve, read_trainer_curve, write_report  # noqa: E402
+from searchrl.evaluation.report import write_report  # noqa: E402
 from searchrl.ppo.config import PPOConfig  # noqa: E402
 
 # name -> (label in plots and report, GRPO mode or None for PPO)

@@ -401,7 +401,7 @@ def test_report_cli_compare_option(three_runs, tmp_path):
 
 
 def test_curve_falls_back_to_the_metrics_log_and_names_missing_clocks(tmp_path):
-    from searchrl.evaluation.report import comparison_svg, read_trainer_curve
+    from searchrl.evaluation.compare import comparison_svg, read_trainer_curve
 
     run = tmp_path / "old-ppo"
     for step, em in ((1, 0.25), (3, 0.5), (2, 0.0)):  # written out of order: sorted by step

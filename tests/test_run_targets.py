@@ -235,16 +235,16 @@ def _tables(page: str) -> dict[str, list[list[str]]]:
 
 
 def _record_xlabels(monkeypatch) -> list[str]:
-    from searchrl.evaluation import report
+    from searchrl.evaluation import plots
 
     seen: list[str] = []
-    original = report._new_figure
+    original = plots._new_figure
 
     def spy(xlabel: str = "step"):
         seen.append(xlabel)
         return original(xlabel)
 
-    monkeypatch.setattr(report, "_new_figure", spy)
+    monkeypatch.setattr(plots, "_new_figure", spy)
     return seen
 
 

@@ -26,20 +26,18 @@ Benchmarks (`searchrl eval --benchmarks`, `searchrl.evaluation.benchmarks`): eve
 Search-R1's Table 3, one column per QA set and the unweighted average, exact match with its CI, then F1 and
 searches per question, with the paper's rows beside them for reference.
 
+Where: this module reads the run and assembles the page; the matplotlib plots are `plots.py`, the
+trainers-side-by-side section (curves, SVG, table) is `compare.py`, the HTML table helpers `tables.py`.
+
 Why self-contained: a report is mailed, attached to an issue or opened from a cluster's scratch disk;
 inline CSS and images mean nothing has to be fetched and nothing breaks when the run folder moves.
 """
 
 from __future__ import annotations
 
-import base64
 import html
-import io
-import json
-import math
-import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -47,21 +45,10 @@ from searchrl.common.io import atomic_write_text
 from searchrl.common.run import DEMO_RUNS, STAGE_LABELS, EvalFile, RunReader, RunTargetError
 from searchrl.common.trajectory import Trajectory, read_trajectories
 from searchrl.evaluation import HEADLINE_METRICS
-from searchrl.evaluation.audit import AuditReport, audit_run, read_metrics
-
-# Line plots: title -> (y label, [(metric key, legend label)]). Missing keys are skipped; a plot with no
-# data is left out rather than drawn empty.
-LINE_PLOTS: dict[str, tuple[str, tuple[tuple[str, str], ...]]] = {
-    "Training reward": ("score", (("objective/scores", "total score"),)),
-    # The reward-hacking signature in one picture: the proxy rising while the gold metric does not.
-    "Training reward vs held-out EM": (
-        "value",
-        (("objective/scores", "training score"), ("eval/exact_match", "dev EM")),
-    ),
-    "Entropy per action token": ("nats", (("objective/entropy_per_token", "entropy / token"),)),
-    "Searches per episode": ("tool calls", (("tools/calls_per_episode", "calls / episode"),)),
-    "Answer length": ("words", (("answer/length_words", "answer words"),)),
-}
+from searchrl.evaluation.audit import AuditReport, audit_run
+from searchrl.evaluation.compare import comparison_section
+from searchrl.evaluation.plots import build_plots, metric_series
+from searchrl.evaluation.tables import finite_number, fmt_cell, html_table
 
 # TRL's GRPO logs under its own names; the plots and the headline read PPO's, so a GRPO line gets both.
 GRPO_METRIC_ALIASES: dict[str, str] = {
@@ -113,157 +100,6 @@ details.prompt summary { cursor: pointer; color: #555; }
 """
 
 
-# -- plots ------------------------------------------------------------------------------------------
-
-
-def _series(metrics: Sequence[dict[str, Any]], key: str) -> tuple[list[float], list[float]]:
-    xs, ys = [], []
-    for i, m in enumerate(metrics):
-        v = m.get(key)
-        if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v):
-            xs.append(float(m.get("step", i + 1)))
-            ys.append(float(v))
-    return xs, ys
-
-
-def _png(fig: Any) -> str:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
-    return base64.b64encode(buf.getvalue()).decode("ascii")
-
-
-def _new_figure(xlabel: str = "step") -> tuple[Any, Any]:
-    import matplotlib
-
-    matplotlib.use("Agg")  # no display on a training box
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(5.2, 3.0))
-    ax.grid(alpha=0.3)
-    ax.set_xlabel(xlabel)
-    return fig, ax
-
-
-def _close(fig: Any) -> None:
-    import matplotlib.pyplot as plt
-
-    plt.close(fig)
-
-
-def line_plot(
-    metrics: Sequence[dict[str, Any]],
-    title: str,
-    ylabel: str,
-    keys: Sequence[tuple[str, str]],
-    xlabel: str = "step",
-) -> str | None:
-    """A base64 PNG of the given metric keys over steps, or None if none of them was logged."""
-    drawn = [(label, *_series(metrics, key)) for key, label in keys]
-    drawn = [d for d in drawn if d[1]]
-    if not drawn:
-        return None
-    fig, ax = _new_figure(xlabel)
-    for label, xs, ys in drawn:
-        ax.plot(xs, ys, marker="o" if len(xs) < 30 else None, markersize=3, label=label)
-    ax.set_title(title)
-    ax.set_ylabel(ylabel)
-    ax.legend(fontsize=7)
-    try:
-        return _png(fig)
-    finally:
-        _close(fig)
-
-
-def reward_components_plot(metrics: Sequence[dict[str, Any]], xlabel: str = "step") -> str | None:
-    """The weighted reward components (`reward/<name>`, metrics-only terms left out) over steps."""
-    keys = sorted(
-        {k for m in metrics for k in m if k.startswith("reward/") and not k.startswith("reward/metric/")}
-    )
-    return line_plot(
-        metrics,
-        "Reward components",
-        "weighted contribution",
-        [(k, k[len("reward/") :]) for k in keys],
-        xlabel=xlabel,
-    )
-
-
-def kl_plot(metrics: Sequence[dict[str, Any]], xlabel: str = "step") -> str | None:
-    """KL to the reference (left axis) and the KL coefficient (right axis) over steps."""
-    kx, ky = _series(metrics, "objective/kl")
-    cx, cy = _series(metrics, "kl_coef")
-    if not kx and not cx:
-        return None
-    fig, ax = _new_figure(xlabel)
-    ax.plot(kx, ky, color="#0969da", label="KL (nats / trajectory)")
-    ax.set_ylabel("KL", color="#0969da")
-    ax2 = ax.twinx()
-    ax2.plot(cx, cy, color="#cf222e", linestyle="--", label="kl_coef")
-    ax2.set_ylabel("kl_coef", color="#cf222e")
-    ax.set_title("KL to the reference and the KL coefficient")
-    try:
-        return _png(fig)
-    finally:
-        _close(fig)
-
-
-def heldout_plot(
-    metrics: Sequence[dict[str, Any]], evals: Sequence[dict[str, Any]], xlabel: str = "step"
-) -> str | None:
-    """Dev EM logged during training plus every eval JSON with a step (test split points with CI bars)."""
-    dx, dy = _series(metrics, "eval/exact_match")
-    points: dict[str, list[tuple[float, float, float, float]]] = {}
-    for e in evals:
-        if e.get("step") is None or "exact_match" not in e:
-            continue
-        lo, hi = (e.get("ci95") or {}).get("exact_match", [e["exact_match"], e["exact_match"]])
-        points.setdefault(str(e.get("split", "eval")), []).append(
-            (float(e["step"]), e["exact_match"], lo, hi)
-        )
-    if not dx and not points:
-        return None
-    fig, ax = _new_figure(xlabel)
-    if dx:
-        ax.plot(dx, dy, marker="o", markersize=3, label="dev EM (training log)")
-    for split, pts in sorted(points.items()):
-        pts.sort()
-        xs = [p[0] for p in pts]
-        ys = [p[1] for p in pts]
-        err = [[p[1] - p[2] for p in pts], [p[3] - p[1] for p in pts]]
-        ax.errorbar(xs, ys, yerr=err, marker="s", capsize=3, label=f"{split} EM (95% CI)")
-    ax.set_ylim(-0.02, 1.02)
-    ax.set_title("Held-out exact match")
-    ax.set_ylabel("exact match")
-    ax.legend(fontsize=7)
-    try:
-        return _png(fig)
-    finally:
-        _close(fig)
-
-
-def build_plots(
-    metrics: Sequence[dict[str, Any]], evals: Sequence[dict[str, Any]], xlabel: str = "step"
-) -> list[tuple[str, str]]:
-    """(title, base64 PNG) of every plot that has data, in reading order; `xlabel` names the x axis
-    ("PPO step", "GRPO step": the run's trainer)."""
-
-    def line(title: str) -> tuple[str, str | None]:
-        ylabel, keys = LINE_PLOTS[title]
-        return title, line_plot(metrics, title, ylabel, keys, xlabel=xlabel)
-
-    made: list[tuple[str, str | None]] = [
-        line("Training reward"),
-        ("Reward components", reward_components_plot(metrics, xlabel)),
-        ("Held-out exact match", heldout_plot(metrics, evals, xlabel)),
-        line("Training reward vs held-out EM"),
-        ("KL and KL coefficient", kl_plot(metrics, xlabel)),
-        line("Entropy per action token"),
-        line("Searches per episode"),
-        line("Answer length"),
-    ]
-    return [(t, png) for t, png in made if png]
-
-
 # -- tables -----------------------------------------------------------------------------------------
 
 EVAL_ROWS = (
@@ -271,19 +107,6 @@ EVAL_ROWS = (
     "action_tokens_per_question",
     "reward",
 )
-
-
-def _fmt(v: Any) -> str:
-    if isinstance(v, float):
-        return f"{v:.3f}" if math.isfinite(v) else str(v)
-    return html.escape(str(v))
-
-
-def _table(header: Sequence[str], rows: Sequence[Sequence[Any]], css_class: str = "") -> str:
-    head = "".join(f"<th>{html.escape(str(h))}</th>" for h in header)
-    body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row in rows)
-    cls = f" class='{css_class}'" if css_class else ""
-    return f"<table{cls}><tr>{head}</tr>{body}</table>"
 
 
 def eval_table(e: dict[str, Any]) -> str:
@@ -294,8 +117,8 @@ def eval_table(e: dict[str, Any]) -> str:
         if name not in e:
             continue
         lo, hi = (e.get("ci95") or {}).get(name, [float("nan"), float("nan")])
-        cells = [html.escape(name), f"{_fmt(e[name])} [{_fmt(lo)}, {_fmt(hi)}]"]
-        cells += [_fmt(e["by_hops"][h].get(name, "")) for h in hops]
+        cells = [html.escape(name), f"{fmt_cell(e[name])} [{fmt_cell(lo)}, {fmt_cell(hi)}]"]
+        cells += [fmt_cell(e["by_hops"][h].get(name, "")) for h in hops]
         rows.append(cells)
     shares = e.get("termination", {})
     rows.append(
@@ -305,7 +128,7 @@ def eval_table(e: dict[str, Any]) -> str:
     header = ["metric", f"all (n={e.get('n', '?')}) [95% CI]"] + [
         f"{h}-hop (n={e['by_hops'][h].get('n')})" for h in hops
     ]
-    return _table(header, rows)
+    return html_table(header, rows)
 
 
 def _flatten(prefix: str, value: Any, out: list[tuple[str, Any]]) -> None:
@@ -322,7 +145,7 @@ def summary_table(summary: dict[str, Any]) -> str:
     _flatten("", summary, flat)
     skip = (".by_hops.", ".timing.", ".termination.", ".ci95.")
     keep = [(k, v) for k, v in flat if not any(part in f".{k}." for part in skip)]
-    return _table(["key", "value"], [[html.escape(k), _fmt(v)] for k, v in keep])
+    return html_table(["key", "value"], [[html.escape(k), fmt_cell(v)] for k, v in keep])
 
 
 def _stages_with_test_metrics(summary: dict[str, Any]) -> list[str]:
@@ -347,19 +170,19 @@ def comparison_table(summary: dict[str, Any]) -> str | None:
         cells = [html.escape(name)]
         for s, v in zip(stages, values, strict=True):
             ci = (summary[s]["test"].get("ci95") or {}).get(name)
-            interval = f" [{_fmt(ci[0])}, {_fmt(ci[1])}]" if ci else ""
-            cells.append("" if v is None else _fmt(float(v)) + interval)
+            interval = f" [{fmt_cell(ci[0])}, {fmt_cell(ci[1])}]" if ci else ""
+            cells.append("" if v is None else fmt_cell(float(v)) + interval)
         first, last = values[0], values[-1]
         changed = len(stages) > 1 and first is not None and last is not None
         rows.append([*cells, f"{last - first:+.3f}" if changed else ""])
     change = f"{stages[-1]} − {stages[0]}" if len(stages) > 1 else ""
-    return _table(["test metric", *[f"{s} [95% CI]" for s in stages], change], rows)
+    return html_table(["test metric", *[f"{s} [95% CI]" for s in stages], change], rows)
 
 
 def audit_table(report: AuditReport) -> str:
     rows = []
     for c in report.checks:
-        value = "" if c.value is None else _fmt(float(c.value))
+        value = "" if c.value is None else fmt_cell(float(c.value))
         evidence = html.escape(", ".join(c.evidence[:8]) + (" ..." if len(c.evidence) > 8 else ""))
         rows.append(
             [
@@ -371,7 +194,7 @@ def audit_table(report: AuditReport) -> str:
                 evidence,
             ]
         )
-    return _table(
+    return html_table(
         ["check", "verdict", "value", "threshold", "flagged", "evidence (trajectory ids)"], rows, "audit"
     )
 
@@ -380,7 +203,7 @@ def audit_table(report: AuditReport) -> str:
 
 
 def _numbers(metrics: Sequence[dict[str, Any]], key: str) -> list[tuple[int, float]]:
-    xs, ys = _series(metrics, key)
+    xs, ys = metric_series(metrics, key)
     return [(int(x), y) for x, y in zip(xs, ys, strict=True)]
 
 
@@ -432,9 +255,9 @@ def held_out_rows(
         rows.append(
             HeldOutRow(
                 f"{label} ({stage}.test)",
-                _number(test.get("exact_match")),
+                finite_number(test.get("exact_match")),
                 (test.get("ci95") or {}).get("exact_match"),
-                _number(test.get("citation_support")),
+                finite_number(test.get("citation_support")),
                 rate,
                 detail,
                 test.get("n", (match.data.get("n") if match is not None else None) or ""),
@@ -448,9 +271,9 @@ def held_out_rows(
         rows.append(
             HeldOutRow(
                 f"{e.label} ({e.name})",
-                _number(e.data.get("exact_match")),
+                finite_number(e.data.get("exact_match")),
                 (e.data.get("ci95") or {}).get("exact_match"),
-                _number(e.data.get("citation_support")),
+                finite_number(e.data.get("citation_support")),
                 rate,
                 detail,
                 e.data.get("n", ""),
@@ -462,18 +285,18 @@ def held_out_rows(
 def held_out_table(rows: Sequence[HeldOutRow]) -> str:
     cells = []
     for r in rows:
-        ci = f" [{_fmt(r.ci[0])}, {_fmt(r.ci[1])}]" if r.ci else ""
+        ci = f" [{fmt_cell(r.ci[0])}, {fmt_cell(r.ci[1])}]" if r.ci else ""
         cells.append(
             [
                 html.escape(r.label),
-                "n/a" if r.exact_match is None else _fmt(r.exact_match) + ci,
-                "n/a" if r.citation_support is None else _fmt(r.citation_support),
-                ("n/a" if r.fabricated_rate is None else _fmt(r.fabricated_rate))
+                "n/a" if r.exact_match is None else fmt_cell(r.exact_match) + ci,
+                "n/a" if r.citation_support is None else fmt_cell(r.citation_support),
+                ("n/a" if r.fabricated_rate is None else fmt_cell(r.fabricated_rate))
                 + f" <span class='meta'>({html.escape(r.fabricated)})</span>",
-                _fmt(r.n),
+                fmt_cell(r.n),
             ]
         )
-    return _table(
+    return html_table(
         ["held-out evaluation", "exact match [95% CI]", "citation support", "fabricated-citation rate", "n"],
         cells,
         "glance-heldout",
@@ -540,7 +363,7 @@ def glance_section(
         )
     body = training_glance_rows(metrics, trainer_label)
     parts.append(
-        _table(
+        html_table(
             [f"{trainer_label} training", "value", ""],
             [[html.escape(c) for c in r] for r in body],
             "glance-training",
@@ -555,10 +378,10 @@ def glance_section(
 def _suite_cell(result: dict[str, Any] | None, metric: str, with_ci: bool) -> str:
     if result is None or metric not in result:
         return ""
-    cell = _fmt(float(result[metric]))
+    cell = fmt_cell(float(result[metric]))
     ci = (result.get("ci95") or {}).get(metric)
     if with_ci and ci:
-        cell += f" <span class='meta'>[{_fmt(float(ci[0]))}, {_fmt(float(ci[1]))}]</span>"
+        cell += f" <span class='meta'>[{fmt_cell(float(ci[0]))}, {fmt_cell(float(ci[1]))}]</span>"
     return cell
 
 
@@ -619,11 +442,11 @@ def benchmarks_section(evals: Sequence[EvalFile]) -> str | None:
             "(NQ, HotpotQA). The paper's rows (arXiv 2503.09516 v5) compare only within the same setup: "
             "wiki-18, e5 top-3, trained on NQ + HotpotQA.</p>",
             "<h3>Exact match [95% CI]</h3>",
-            _table(header, em_rows, "benchmarks-em"),
+            html_table(header, em_rows, "benchmarks-em"),
             "<h3>F1</h3>",
-            _table(header, rows("f1", False), "benchmarks-f1"),
+            html_table(header, rows("f1", False), "benchmarks-f1"),
             "<h3>Searches per question</h3>",
-            _table(header, rows("searches_per_question", False), "benchmarks-searches"),
+            html_table(header, rows("searches_per_question", False), "benchmarks-searches"),
             f"<ul class='meta'>{''.join(notes)}</ul>",
         ]
     )
@@ -690,244 +513,6 @@ def pick_trajectories(trajs: Sequence[Trajectory], n: int) -> list[Trajectory]:
         if len(chosen) >= n:
             break
     return chosen
-
-
-# -- trainers side by side --------------------------------------------------------------------------------
-
-COMPARE_COLORS = ("#0969da", "#cf222e", "#1a7f37", "#8250df", "#9a6700", "#57606a")
-_STEP_FILE = re.compile(r"^step-(\d+)\.json$")
-
-
-@dataclass
-class TrainerCurve:
-    """One trainer's held-out curve: per evaluation step, dev exact match, episodes and training seconds.
-
-    `train_s` is `time/train_s` (wall-clock minus evaluation time); `episodes` / `train_s` entries are
-    None where a run did not record them (neither in the eval file nor in that step's metrics line).
-    """
-
-    label: str
-    run_dir: Path
-    steps: list[int] = field(default_factory=list)
-    exact_match: list[float] = field(default_factory=list)
-    episodes: list[float | None] = field(default_factory=list)
-    train_s: list[float | None] = field(default_factory=list)
-    test: dict[str, Any] | None = None
-
-    @property
-    def final_exact_match(self) -> float:
-        return self.exact_match[-1]
-
-    @property
-    def final_step(self) -> int:
-        return self.steps[-1]
-
-    @property
-    def final_train_s(self) -> float | None:
-        return self.train_s[-1]
-
-    @property
-    def final_episodes(self) -> float | None:
-        return self.episodes[-1]
-
-    @property
-    def seconds_per_step(self) -> float | None:
-        """Training seconds per optimizer step at the last evaluation (None without a clock or a step)."""
-        if self.final_train_s is None or self.final_step <= 0:
-            return None
-        return self.final_train_s / self.final_step
-
-
-def _number(value: Any) -> float | None:
-    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
-        return float(value)
-    return None
-
-
-def read_trainer_curve(label: str, run_dir: str | Path) -> TrainerCurve:
-    """`RUN/eval/step-N.json` of one run as a `TrainerCurve` (sorted by step).
-
-    `episode` and `time/train_s` come from the eval file, or else from the run's metrics.jsonl line of
-    the same step. A test-split summary in `RUN/eval/` (a JSON with `split: test` and `exact_match`, as
-    `benchmarks/compare_trainers.py` writes) is kept as `.test`. Raises FileNotFoundError / ValueError
-    naming the run when there is nothing to draw.
-    """
-    run_dir = Path(run_dir)
-    if not run_dir.is_dir():
-        raise FileNotFoundError(f"{label}={run_dir}: run directory not found")
-    by_step: dict[int, dict[str, Any]] = {}
-    test: dict[str, Any] | None = None
-    for path in sorted((run_dir / "eval").glob("*.json")):
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError):
-            continue
-        match = _STEP_FILE.match(path.name)
-        if match and _number(data.get("eval/exact_match")) is not None:
-            by_step[int(match.group(1))] = data
-        elif isinstance(data, dict) and data.get("split") == "test" and "exact_match" in data:
-            test = data
-    if not by_step:
-        raise ValueError(
-            f"{label}={run_dir}: no eval/step-N.json with eval/exact_match; train with eval_steps > 0 "
-            "(and eval_on_start for step 0) so the run records its held-out curve"
-        )
-    logged: dict[int, dict[str, Any]] = {}
-    for line in read_metrics(run_dir):
-        if isinstance(line.get("step"), int):
-            logged.setdefault(line["step"], {}).update(line)
-    curve = TrainerCurve(label, run_dir, test=test)
-    for step in sorted(by_step):
-        data, line = by_step[step], logged.get(step, {})
-        curve.steps.append(step)
-        curve.exact_match.append(float(data["eval/exact_match"]))
-        for attr, key in (("episodes", "episode"), ("train_s", "time/train_s")):
-            value = _number(data.get(key))
-            getattr(curve, attr).append(value if value is not None else _number(line.get(key)))
-    return curve
-
-
-def _nice_ticks(lo: float, hi: float, n: int = 5) -> list[float]:
-    """About `n` round tick values covering [lo, hi]."""
-    if hi <= lo:
-        hi = lo + 1.0
-    raw = (hi - lo) / max(1, n)
-    magnitude = 10 ** math.floor(math.log10(raw))
-    step = next(m * magnitude for m in (1, 2, 2.5, 5, 10) if m * magnitude >= raw)
-    first = math.floor(lo / step) * step
-    ticks, t = [], first
-    while t <= hi + step * 1e-9:
-        ticks.append(round(t, 10))
-        t += step
-    return ticks
-
-
-def _tick_label(v: float) -> str:
-    return f"{v:g}" if abs(v) < 1e5 else f"{v:.2g}"
-
-
-def comparison_svg(curves: Sequence[TrainerCurve], x: str, title: str, xlabel: str) -> str:
-    """An inline SVG line plot of dev EM against `x` ("train_s" or "episodes"), one line per trainer.
-
-    Each line is a `<polyline class="curve" data-label=... data-x=... data-y=...>` whose data attributes
-    hold the plotted values (comma-separated), so the page can be checked without decoding an image.
-    Points without an x value are skipped; a trainer with none is named in the caption instead.
-    """
-    width, height, left, right, top, bottom = 540, 320, 56, 16, 30, 46
-    series, missing = [], []
-    for i, c in enumerate(curves):
-        pts = [(xv, y) for xv, y in zip(getattr(c, x), c.exact_match, strict=True) if xv is not None]
-        if pts:
-            series.append((c.label, COMPARE_COLORS[i % len(COMPARE_COLORS)], pts))
-        else:
-            missing.append(c.label)
-    xs = [p[0] for _, _, pts in series for p in pts] or [0.0, 1.0]
-    xticks = _nice_ticks(min(0.0, min(xs)), max(xs))
-    x0, x1 = xticks[0], xticks[-1] if xticks[-1] > xticks[0] else xticks[0] + 1.0
-    yticks = [0.0, 0.2, 0.4, 0.6, 0.8, 1.0]
-    pw, ph = width - left - right, height - top - bottom
-
-    def px(v: float) -> float:
-        return left + (v - x0) / (x1 - x0) * pw
-
-    def py(v: float) -> float:
-        return top + (1.0 - v) * ph
-
-    out = [
-        f'<svg class="compare" data-x="{html.escape(x)}" width="{width}" '
-        f'height="{height}" viewBox="0 0 {width} {height}" role="img" aria-label="{html.escape(title)}">',
-        f'<text x="{width / 2:.0f}" y="18" text-anchor="middle" font-size="13" font-weight="bold">'
-        f"{html.escape(title)}</text>",
-    ]
-    for t in yticks:
-        out.append(
-            f'<line x1="{left}" x2="{left + pw}" y1="{py(t):.1f}" y2="{py(t):.1f}" stroke="#eee"/>'
-            f'<text x="{left - 6}" y="{py(t) + 4:.1f}" text-anchor="end" font-size="10">{t:.1f}</text>'
-        )
-    for t in xticks:
-        out.append(
-            f'<line x1="{px(t):.1f}" x2="{px(t):.1f}" y1="{top}" y2="{top + ph}" stroke="#eee"/>'
-            f'<text x="{px(t):.1f}" y="{top + ph + 14}" text-anchor="middle" font-size="10">'
-            f"{_tick_label(t)}</text>"
-        )
-    out.append(f'<rect x="{left}" y="{top}" width="{pw}" height="{ph}" fill="none" stroke="#999"/>')
-    out.append(
-        f'<text x="{left + pw / 2:.0f}" y="{height - 8}" text-anchor="middle" font-size="11">'
-        f"{html.escape(xlabel)}</text>"
-        f'<text x="14" y="{top + ph / 2:.0f}" text-anchor="middle" font-size="11" '
-        f'transform="rotate(-90 14 {top + ph / 2:.0f})">dev exact match</text>'
-    )
-    for k, (label, color, pts) in enumerate(series):
-        coords = " ".join(f"{px(a):.1f},{py(b):.1f}" for a, b in pts)
-        data_x = ",".join(f"{a:.6g}" for a, _ in pts)
-        data_y = ",".join(f"{b:.6g}" for _, b in pts)
-        out.append(
-            f'<polyline class="curve" data-label="{html.escape(label)}" data-x="{data_x}" data-y="{data_y}" '
-            f'points="{coords}" fill="none" stroke="{color}" stroke-width="2"><title>{html.escape(label)}'
-            "</title></polyline>"
-        )
-        out += [f'<circle cx="{px(a):.1f}" cy="{py(b):.1f}" r="2.5" fill="{color}"/>' for a, b in pts]
-        ly = top + 12 + 14 * k
-        out.append(
-            f'<line x1="{left + 8}" x2="{left + 26}" y1="{ly - 4}" y2="{ly - 4}" stroke="{color}" '
-            f'stroke-width="2"/><text x="{left + 30}" y="{ly}" font-size="10">{html.escape(label)}</text>'
-        )
-    out.append("</svg>")
-    caption = ""
-    if missing:
-        caption = (
-            f"<figcaption class='meta'>Not drawn (no {html.escape(xlabel)} recorded): "
-            f"{html.escape(', '.join(missing))}</figcaption>"
-        )
-    return f"<figure>{''.join(out)}{caption}</figure>"
-
-
-def trainer_table(curves: Sequence[TrainerCurve]) -> str:
-    """Final dev EM (and test EM when recorded), training wall-clock, episodes, steps, seconds per step."""
-    with_test = any(c.test is not None for c in curves)
-    rows = []
-    for c in curves:
-        cells = [
-            html.escape(c.label),
-            f"{c.final_exact_match:.3f} (step {c.final_step})",
-        ]
-        if with_test:
-            t = c.test or {}
-            ci = (t.get("ci95") or {}).get("exact_match")
-            em = _number(t.get("exact_match"))
-            cells.append(
-                "n/a" if em is None else f"{em:.3f}" + (f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "")
-            )
-        cells += [
-            "n/a" if c.final_train_s is None else f"{c.final_train_s:.1f}",
-            "n/a" if c.final_episodes is None else f"{c.final_episodes:.0f}",
-            str(c.final_step),
-            "n/a" if c.seconds_per_step is None else f"{c.seconds_per_step:.2f}",
-        ]
-        rows.append(cells)
-    header = ["trainer", "final dev EM"]
-    if with_test:
-        header.append("test EM [95% CI]")
-    header += ["training wall-clock (s)", "episodes", "steps", "seconds / step"]
-    return _table(header, rows, "trainers")
-
-
-def comparison_section(compare: Mapping[str, str | Path]) -> str:
-    """The "trainers side by side" section: the table and two SVG plots (wall-clock, episodes)."""
-    curves = [read_trainer_curve(label, path) for label, path in compare.items()]
-    plots = [
-        comparison_svg(curves, "train_s", "Held-out EM against training wall-clock", "training seconds"),
-        comparison_svg(curves, "episodes", "Held-out EM against episodes", "episodes"),
-    ]
-    return "".join(
-        [
-            "<h2>Trainers side by side</h2>",
-            "<p class='meta'>Dev-split exact match from each run's eval/step-N.json, against training "
-            "wall-clock (time/train_s: evaluation time excluded) and against episodes.</p>",
-            trainer_table(curves),
-            f"<div class='plots'>{''.join(plots)}</div>",
-        ]
-    )
 
 
 # -- the page -----------------------------------------------------------------------------------------
