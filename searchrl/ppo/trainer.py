@@ -83,6 +83,7 @@ from searchrl.ppo.modeling import (
     token_logprobs,
     value_model_from_policy,
 )
+from searchrl.ppo.optim import build_optimizer, check_optimizer_covers
 from searchrl.rewards.reward_model import FrozenRewardModel
 from searchrl.rollout.generator import GenerationConfig, HFGenerator
 
@@ -259,33 +260,9 @@ class PPOTrainer:
         # --- optimizer and scheduler: one optimizer, two param groups (policy lr, value lr) ----
         optimizer, scheduler = optimizers
         if optimizer is None:
-            value_params = self.model.value_parameters()
-            value_ids = {id(p) for p in value_params}
-            policy_params = [p for p in self.model.parameters() if p.requires_grad and id(p) not in value_ids]
-            optimizer = torch.optim.AdamW(
-                [
-                    {"params": policy_params, "lr": args.learning_rate, "name": "policy"},
-                    {
-                        "params": value_params,
-                        "lr": args.value_learning_rate or args.learning_rate,
-                        "name": "value",
-                    },
-                ],
-                lr=args.learning_rate,
-                betas=(args.adam_beta1, args.adam_beta2),
-                eps=args.adam_epsilon,
-                weight_decay=args.weight_decay,
-            )
+            optimizer = build_optimizer(self.model, args)
         else:
-            covered = {id(p) for g in optimizer.param_groups for p in g["params"]}
-            missing = [
-                n for n, p in self.model.named_parameters() if p.requires_grad and id(p) not in covered
-            ]
-            if missing:
-                raise ValueError(
-                    f"the optimizer you passed does not cover {len(missing)} trainable parameters of the "
-                    f"policy/value models (e.g. {missing[:3]}); build it over both models' parameters"
-                )
+            check_optimizer_covers(optimizer, self.model)
         self.optimizer = optimizer
         self.num_optimizer_steps = self.num_total_batches * args.num_ppo_epochs * args.num_mini_batches
         self.lr_scheduler = scheduler or get_scheduler(
