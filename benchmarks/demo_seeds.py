@@ -3,8 +3,8 @@
 A figure that holds on one seed is an anecdote, so the README reports the demo per seed and the mean. This
 reads finished demo directories (`searchrl demo --seed N --out DIR`, nothing is rerun) and gathers, per
 seed, what a reader should see together: SFT and PPO hidden-test exact match with their 95% bootstrap
-intervals, by hop count, citation support, the audit's verdict and fabricated-citation share (from
-`ppo/audit.json`, written by `searchrl audit --run DIR/ppo`, when present), the KL to the reference and the
+intervals, by hop count, citation support, the audit's verdict and fabricated-citation share (the audit
+of the demo directory, run here: its training trajectories and each hidden-test evaluation), the KL to the reference and the
 sampling-vs-training log-probability gap from `ppo/metrics.jsonl`, the dev curve, the wall-clock and peak
 RSS. The test split is only read here; nothing is chosen from it.
 
@@ -26,6 +26,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _experiment_common import pyplot, save_figure, write_json  # noqa: E402
+
+from searchrl.evaluation.audit import audit_run  # noqa: E402
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -69,13 +71,15 @@ def seed_figures(run: Path) -> dict[str, Any]:
         "wall_seconds": summary["wall_seconds"],
         "peak_rss_mb": summary["peak_rss_mb"],
     }
-    audit_path = run / "ppo" / "audit.json"
-    if audit_path.exists():
-        audit = json.loads(audit_path.read_text(encoding="utf-8"))
-        checks = {c["name"]: c for c in audit["checks"]}
-        out["audit_verdict"] = audit["verdict"]
-        out["fabricated_citations_training"] = checks["fabricated_citations"]["value"]
-        out["evaluation_verdicts"] = {k: v["verdict"] for k, v in audit.get("evaluations", {}).items()}
+    # The audit is run here (the same call as `searchrl audit --run DIR`), so every row has it: the training
+    # trajectories' checks and each hidden-test evaluation's (SFT and PPO), fabricated citations included.
+    audit = audit_run(run)
+    out["audit_verdict"] = audit.verdict
+    out["fabricated_citations_training"] = audit.fabricated_citation_rate()
+    out["evaluation_verdicts"] = {name: e.verdict for name, e in audit.evaluations.items()}
+    out["fabricated_citations_evaluations"] = {
+        name: e.fabricated_citation_rate() for name, e in audit.evaluations.items()
+    }
     return out
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from searchrl.demo.pipeline import run_demo, smoke_config
+from searchrl.evaluation.audit import audit_run
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 
@@ -131,6 +132,15 @@ def test_demo_seeds_gathers_each_run_and_refuses_an_unfinished_one(demo_run, tmp
     assert row["improvement"] == pytest.approx(row["ppo_exact_match"] - row["sft_exact_match"], abs=1e-4)
     assert row["kl_steps"] == summary["ppo"]["steps"] and row["dev_curve"][0][0] == 0
     assert table["mean"]["ppo_exact_match"] == pytest.approx(row["ppo_exact_match"])
+    # The audit ran on the directory: the training trajectories and both hidden-test evaluations.
+    audit = audit_run(demo_run)
+    assert row["audit_verdict"] == audit.verdict
+    assert (
+        set(row["fabricated_citations_evaluations"])
+        == set(audit.evaluations)
+        == set(row["evaluation_verdicts"])
+    )
+    assert len(audit.evaluations) >= 2
     assert _is_png(out_png)
     unfinished = tmp_path / "half"
     unfinished.mkdir()

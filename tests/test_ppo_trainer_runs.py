@@ -10,6 +10,7 @@ import copy
 import json
 
 import pytest
+import torch
 from test_ppo_trainer import (
     QA,
     TIMING_KEYS,
@@ -189,10 +190,17 @@ def test_collapse_guard_rolls_back_an_absurd_learning_rate_and_the_run_recovers(
         collapse_reward_drop=None,
         **bounds,
     )
+    reference_before = {k: v.clone() for k, v in trainer.ref_model.state_dict().items()}
     trainer.train()
     rows = read_metrics(tmp_path)
     fired = [i for i, r in enumerate(rows) if r.get("guard/rollback")]
     assert fired, "the guard never fired on an lr of 2.0"
+    # The rollback loads the checkpoint into the policy in place: the frozen reference is neither touched nor
+    # tied to the policy's storage afterwards (issue 16: a reference must never run the live policy).
+    for name, tensor in trainer.ref_model.state_dict().items():
+        assert torch.equal(tensor, reference_before[name]), f"the reference's {name} moved"
+    policy_storage = {p.data_ptr() for p in trainer.model.parameters()}
+    assert not policy_storage & {p.data_ptr() for p in trainer.ref_model.parameters()}
     # A rollback restores the weights, not the clock: the failed steps took real training time.
     assert strictly_increasing([r["time/train_s"] for r in read_raw_metrics(tmp_path)])
     first = rows[fired[0]]
