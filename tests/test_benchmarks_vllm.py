@@ -101,8 +101,10 @@ def test_the_gpu_check_script_parses_and_its_pins_agree_with_the_lock_file():
     import subprocess
 
     gpu = BENCH / "gpu"
-    assert subprocess.run(["bash", "-n", str(gpu / "vllm_ppo_check.sh")], check=False).returncode == 0
-    script = (gpu / "vllm_ppo_check.sh").read_text()
+    for name in ("vllm_ppo_check.sh", "lib.sh", "search_r1_steps.sh"):
+        assert subprocess.run(["bash", "-n", str(gpu / name)], check=False).returncode == 0, name
+    script = (gpu / "vllm_ppo_check.sh").read_text() + (gpu / "lib.sh").read_text()
+    assert "source benchmarks/gpu/lib.sh" in script
     for name in ("requirements-vllm.txt", "bench_vllm.py", "test_rollout_vllm.py"):
         assert name in script
     # The wheels carried to the device are the versions constraints.txt locks here.

@@ -201,3 +201,22 @@ def test_grpo_recipe_runs_one_step_at_toy_size(toy, name):
     assert len(trajs) == 5 and len({t.question_id for t in trajs}) == 1  # one group of five answers
     assert all(t.messages[0]["content"] == cfg.system_prompt for t in trajs)
     assert (run / "checkpoints" / "step-1" / "policy").is_dir()
+
+
+def test_the_stability_recipes_f1_reward_charges_ending_without_an_answer():
+    from searchrl.common.trajectory import Trajectory
+    from searchrl.rewards.combine import load_rubric
+
+    rubric = load_rubric(ROOT / "configs" / "search_r1" / "rewards_f1_penalised.yaml")
+    assert rubric.reward_names == ["f1"]
+
+    def score(answer):
+        return rubric(
+            Trajectory(id="t", question_id="q", question="Where?", golds=["New York"], answer=answer)
+        )
+
+    assert score(None) == pytest.approx(-0.1)  # no answer costs more than a wrong one ...
+    assert score("Paris") == 0.0
+    assert score("New York") == 1.0 and 0.0 < score("York") < 1.0  # ... and F1 pays partial answers
+    for name in PPO_FILES:  # the recipes point at it where they say how to turn the stability settings on
+        assert "rewards_f1_penalised.yaml" in (CONFIGS / name).read_text()

@@ -24,61 +24,12 @@
 # killed, later steps are skipped when the budget is spent, and what was written comes back.
 set -u -o pipefail
 cd "$(dirname "$0")/../.."
-START=$SECONDS
 BUDGET_S=${BUDGET_S:-480}
 OUT=${OUT:-$PWD/.bench/gpu-check}
-WHEELS=${WHEELS:-.whl}
 WORK=${WORK:-/tmp/searchrl-vllm-check}
 BENCH_ARGS=${BENCH_ARGS:-}  # extra bench_vllm.py options for every part (e.g. smaller --rows)
-mkdir -p "$OUT" "$WORK"
-exec > >(tee -a "$OUT/log.txt") 2>&1
-export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" TOKENIZERS_PARALLELISM=false
-export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
-
-# step NAME LIMIT_S CMD...: run CMD under timeout (capped by what is left of the budget), log its status.
-step() {
-  local name=$1 limit=$2 left rc t0
-  shift 2
-  left=$((BUDGET_S - (SECONDS - START)))
-  if ((left < 20)); then
-    echo "== $name: skipped, budget spent"
-    printf '{"step": "%s", "skipped": "budget spent"}\n' "$name" >>"$OUT/steps.jsonl"
-    return 99
-  fi
-  ((limit > left)) && limit=$left
-  echo "== $name (limit ${limit}s, $((SECONDS - START))s into the check)"
-  t0=$SECONDS
-  timeout -k 10 "$limit" "$@"
-  rc=$?
-  echo "== $name: exit $rc after $((SECONDS - t0))s"
-  printf '{"step": "%s", "rc": %d, "seconds": %d, "limit_s": %d}\n' "$name" "$rc" $((SECONDS - t0)) "$limit" \
-    >>"$OUT/steps.jsonl"
-  return $rc
-}
-
-# --- the interpreter: $PYTHON as given, else an overlay venv over the image's python3 -----------------
-BASE=${PYTHON:-${IMAGE_PYTHON:-python3}}
-PY=$BASE
-if [ -z "${PYTHON:-}" ]; then
-  VENV=/tmp/searchrl-gpu-venv
-  if "$BASE" -m venv --without-pip "$VENV"; then
-    "$BASE" -c 'import sysconfig; print("\n".join(dict.fromkeys(sysconfig.get_paths()[k] for k in ("purelib", "platlib"))))' \
-      >"$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/image-site.pth"
-    PY=$VENV/bin/python
-  else
-    echo "no overlay venv (python3 -m venv failed): installing into $BASE's environment"
-  fi
-fi
-PIP=("$BASE" -m pip --python "$PY" install --no-index --no-cache-dir --disable-pip-version-check)
-nvidia-smi -L || true
-if compgen -G "$WHEELS/*.whl" >/dev/null; then
-  # Everything carried, without dependency resolution (the image has the rest) ...
-  step install-wheels 120 "${PIP[@]}" -q --no-deps "$WHEELS"/*.whl
-  # ... and vLLM pinned, resolved offline from the same folder, when a vllm wheel is among them.
-  if compgen -G "$WHEELS/vllm-*.whl" >/dev/null; then
-    step install-vllm 120 "${PIP[@]}" -q --find-links "$WHEELS" -r benchmarks/gpu/requirements-vllm.txt
-  fi
-fi
+# shellcheck source=benchmarks/gpu/lib.sh
+source benchmarks/gpu/lib.sh
 
 # --- what this machine has (env.json): versions, GPU, whether vllm and searchrl import ---------------
 step preflight 90 "$PY" - "$OUT/env.json" <<'PY'
