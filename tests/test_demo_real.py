@@ -1,20 +1,23 @@
 """The real loop (issue 17) at toy size, the real-question expert, the baselines' forcing, configs and CLI.
 
-One SmolLM2 import for the session (`real_model_support.smollm2_dir`), one toy `run_real_demo` for the module
-(a few questions, three SFT steps, two PPO steps of two episodes, short episodes): about two minutes of CPU.
+One SmolLM2 import for the session (`real_model_support.smollm2_import`: the demo's own import stage with
+`model_dir: null`), one toy `run_real_demo` for the module (a few questions, three SFT steps, two PPO steps of
+two episodes, short episodes): about two minutes of CPU. `searchrl eval` then evaluates the toy run's LoRA
+checkpoint and its starting policy on a corpus and questions written here, from another working directory.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
 import typer.main
-from real_model_support import smollm2_dir  # noqa: F401  (the session's one SmolLM2 import)
 from test_rollout_engine import check_masks_and_spans
 from typer.testing import CliRunner
 
@@ -26,6 +29,8 @@ from searchrl.demo.real import (
     BASELINE_FILES,
     RealDemoConfig,
     RealGenerator,
+    check_real_config,
+    import_base,
     is_real_demo_yaml,
     run_real_demo,
     toy_real_config,
@@ -44,10 +49,42 @@ from searchrl.sft.warm_start import sft_example
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
 runner = CliRunner()
+# A corpus and questions no stage of the demo ever saw, with fields searchrl does not use (ignored).
+FRESH_CORPUS = [
+    {
+        "id": "w1",
+        "title": "Lake Orvan",
+        "contents": "Lake Orvan is a lake in the Brindle Hills. Its deepest point is 84 metres.",
+        "url": "https://example.org/lake-orvan",
+        "views": 12,
+    },
+    {
+        "id": "w2",
+        "title": "Brindle Hills",
+        "contents": "The Brindle Hills are a range of low hills whose highest peak is Mount Sele.",
+        "lang": "en",
+    },
+    {"id": "w3", "title": "Mount Sele", "contents": "Mount Sele was first climbed by Ilsa Marrow in 1921."},
+]
+FRESH_QUESTIONS = [
+    {"id": "fq1", "question": "How deep is Lake Orvan?", "golds": ["84 metres"], "difficulty": "easy"},
+    {
+        "id": "fq2",
+        "question": "Who first climbed Mount Sele?",
+        "golds": ["Ilsa Marrow"],
+        "source": "invented",
+    },
+    {
+        "id": "fq3",
+        "question": "What is the highest peak of the hills that hold Lake Orvan?",
+        "golds": ["Mount Sele"],
+        "supporting_titles": ["Lake Orvan", "Brindle Hills"],
+    },
+]
 
 
 @pytest.fixture(scope="module")
-def toy_run(tmp_path_factory, smollm2_dir):  # noqa: F811
+def toy_run(tmp_path_factory, smollm2_dir):
     out = tmp_path_factory.mktemp("demo-real") / "run"
     cfg = toy_real_config(str(out), str(smollm2_dir))
     summary = run_real_demo(cfg)
@@ -55,7 +92,7 @@ def toy_run(tmp_path_factory, smollm2_dir):  # noqa: F811
 
 
 @pytest.fixture(scope="module")
-def tok(smollm2_dir):  # noqa: F811
+def tok(smollm2_dir):
     return load_tokenizer(smollm2_dir)
 
 
@@ -130,7 +167,7 @@ def test_toy_run_writes_the_layout_and_every_summary_key(toy_run):
     assert 0 < s["sft"]["trainable_parameters"] < s["sft"]["total_parameters"] / 10  # LoRA: a few percent
 
 
-def test_toy_run_changes_the_weights_in_sft_and_ppo(toy_run, smollm2_dir):  # noqa: F811
+def test_toy_run_changes_the_weights_in_sft_and_ppo(toy_run, smollm2_dir):
     s = toy_run.summary
     assert s["sft"]["max_weight_change"] > 0 and s["ppo"]["max_weight_change"] > 0
     # The saved warm start is not the base model (LoRA merged into the weights).
@@ -158,6 +195,109 @@ def test_toy_run_ppo_has_a_working_reference(toy_run):
     assert abs(kl[0]) < 1e-6  # before the first update the policy is its reference (LoRA B starts at 0)
     assert any(abs(k) > 1e-6 for k in kl[1:])  # after it, the frozen reference differs from the policy
     assert toy_run.summary["targets"]["ppo_kl_nonzero_after_step_1"] is True
+
+
+def test_model_dir_null_imports_smollm2_into_base_once(smollm2_import):
+    # The session's import is the demo's import stage with model_dir null: it wrote <out_dir>/base ...
+    root, base = smollm2_import.root, smollm2_import.out
+    assert smollm2_import.imported_now is True and base == root / "base"
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "import_manifest.json"):
+        assert (base / name).is_file(), name
+    assert load_tokenizer(base).pad_token_id != load_tokenizer(base).eos_token_id
+    # ... and a second run of the stage finds the complete import and keeps it.
+    stamp = (base / "model.safetensors").stat().st_mtime_ns
+    started = time.perf_counter()
+    assert import_base(RealDemoConfig(out_dir=str(root), model_dir=None), root) == (base, False)
+    assert time.perf_counter() - started < 2 and (base / "model.safetensors").stat().st_mtime_ns == stamp
+
+
+def _write_jsonl(path: Path, rows: list[dict]) -> None:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+
+
+def test_eval_of_the_lora_run_on_unseen_data_from_another_directory(toy_run, tmp_path, monkeypatch):
+    from searchrl.common.run import RunReader
+    from searchrl.demo.real import real_generator_factory
+    from searchrl.evaluation.evaluate import evaluate_run, load_policy_for_eval
+
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    _write_jsonl(fresh / "corpus.jsonl", FRESH_CORPUS)
+    _write_jsonl(fresh / "test.jsonl", FRESH_QUESTIONS)
+    built = runner.invoke(
+        app, ["index", "--corpus", str(fresh / "corpus.jsonl"), "--out", str(fresh / "index")]
+    )
+    assert built.exit_code == 0, built.output
+    run, sft = toy_run.out / "ppo", toy_run.out / "sft" / "policy"
+    latest = RunReader(run).latest_checkpoint()
+    adapter_config = latest / "policy" / "adapter_config.json"
+    original = adapter_config.read_text()
+    # The demo records the adapter's base (the SFT policy) by its absolute path ...
+    assert json.loads(original)["base_model_name_or_path"] == str(sft.resolve())
+    # ... but a run trained from a relative path records it relative to where training ran (`make demo-real`:
+    # runs/demo-real/sft/policy from the repository root). Make it so, then evaluate from elsewhere.
+    relative = os.path.relpath(sft, toy_run.out.parent)
+    adapter_config.write_text(json.dumps({**json.loads(original), "base_model_name_or_path": relative}))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    results = {}
+    try:
+        assert not (elsewhere / relative).exists()
+        for name, pick in (
+            ("latest", []),
+            ("initial", ["--checkpoint", "initial"]),
+            ("sft", ["--model", str(sft)]),
+        ):
+            out = tmp_path / f"{name}.json"
+            args = ["eval", "--run", str(run), *pick, "--data", str(fresh), "--index", str(fresh / "index")]
+            result = runner.invoke(app, [*args, "--bootstrap", "20", "--out", str(out)])
+            assert result.exit_code == 0, result.output
+            trajs = read_trajectories(out.with_name(f"{name}.trajectories.jsonl.gz"))
+            results[name] = (json.loads(out.read_text()), trajs)
+        # The toy policy seldom searches on its own: force the naive-RAG search to see the fresh index answer.
+        forced, _ = evaluate_run(
+            run,
+            data_dir=fresh,
+            index_dir=fresh / "index",
+            output=tmp_path / "forced.json",
+            n_resamples=20,
+            generator_factory=real_generator_factory(False, "naive_rag"),
+        )
+        reader = RunReader(run)
+        merged, _ = load_policy_for_eval(reader, reader.config, latest / "policy")
+    finally:
+        adapter_config.write_text(original)
+
+    fresh_ids = {d["id"] for d in FRESH_CORPUS}
+    env = dataclasses.asdict(toy_run.cfg.ppo.env_config())
+    for name, (data, trajs) in results.items():
+        assert data["n"] == len(FRESH_QUESTIONS) and data["data"] == str(fresh / "test.jsonl"), name
+        assert data["index"] == str(fresh / "index")
+        assert data["env_config"] == env  # the run's prompt, protocol and budgets
+        assert [t.question_id for t in trajs] == [q["id"] for q in FRESH_QUESTIONS]
+        assert all(set(c.doc_ids) <= fresh_ids for t in trajs for c in t.tool_calls)
+    searched = [t.tool_calls[0].doc_ids for t in forced.trajectories]
+    assert [ids[0] for ids in searched[:2]] == ["w1", "w3"]  # BM25 over the corpus written here
+    assert all(set(ids) <= fresh_ids for ids in searched)
+    latest_data, _ = results["latest"]
+    assert latest_data["checkpoint"] == latest.name and latest_data["model"] == str(latest / "policy")
+    # --checkpoint initial is the run's starting policy, the SFT policy: the same greedy episodes as --model.
+    initial_data, initial_trajs = results["initial"]
+    assert initial_data["checkpoint"] == "initial" and initial_data["step"] == 0
+    assert Path(initial_data["model"]).resolve() == sft.resolve()
+    sft_trajs = results["sft"][1]
+    assert [t.input_ids for t in initial_trajs] == [t.input_ids for t in sft_trajs]
+    assert [t.answer for t in initial_trajs] == [t.answer for t in sft_trajs]
+    # The latest checkpoint is the SFT policy with PPO's adapter merged in, not the SFT policy itself.
+    assert not any("lora" in n for n, _ in merged.named_parameters())
+    sft_weights = dict(load_policy(sft).named_parameters())
+    moved = [
+        float((p.detach() - sft_weights[n].detach()).abs().max())
+        for n, p in merged.named_parameters()
+        if n.endswith("q_proj.weight")
+    ]
+    assert max(moved) > 0
 
 
 def test_baselines_force_their_turns(toy_run, tok):
@@ -263,6 +403,41 @@ def test_shipped_configs_load():
     assert (
         qwen.finalize(num_train_rows=10_000).batch_size > cfg.ppo.finalize(num_train_rows=10_000).batch_size
     )
+
+
+def test_gpu_configs_for_qwen_load_and_agree():
+    """configs/real/: the real loop and a full-parameter PPO run at Qwen2.5-3B on one GPU (not run here)."""
+    demo = load_config(RealDemoConfig, ROOT / "configs" / "real" / "demo_real_qwen2.5-3b.yaml")
+    check_real_config(demo)  # what run_real_demo refuses before any slow step
+    assert demo.kind == "real" and demo.model_dir and demo.out_dir == "runs/demo-real-qwen2.5-3b"
+    assert demo.ppo.rollout_backend == "vllm" and not demo.ppo.use_cpu and demo.ppo.protocol == "chat"
+    assert demo.finetune == "lora" and demo.ppo.value_mode == "shared_backbone"
+    # Uncapped: every question of every split (caps above the slices' sizes).
+    task = build_realqa(
+        demo.source, seed=demo.seed, dev_fraction=demo.dev_fraction, test_fraction=demo.test_fraction
+    )
+    for split, caps in (
+        ("train", demo.train_questions),
+        ("dev", demo.dev_questions),
+        ("test", demo.test_questions),
+    ):
+        for source in ("hotpotqa", "squad"):
+            assert caps[source] >= sum(r["source"] == source for r in task.splits[split]), (split, source)
+    n_train = len(task.splits["train"])
+    steps = demo.ppo.finalize(num_train_rows=n_train)
+    assert steps.batch_size == 64 and 50 <= steps.num_total_batches <= 200
+    # The PPO config reads what the Qwen demo writes (its data, index and SFT policy) with the same episode.
+    ppo = load_config(PPOConfig, ROOT / "configs" / "real" / "qwen2.5-3b_ppo.yaml")
+    out = Path(demo.out_dir)
+    assert (
+        Path(ppo.train_file) == out / "data" / "train.jsonl"
+        and Path(ppo.dev_file) == out / "data" / "dev.jsonl"
+    )
+    assert Path(ppo.index_dir) == out / "index" and Path(ppo.policy_model_path) == out / "sft" / "policy"
+    assert ppo.env_config() == demo.ppo.env_config()
+    full = ppo.finalize(num_train_rows=n_train)
+    assert full.batch_size == 64 and full.num_total_batches == steps.num_total_batches
+    assert ppo.value_mode == "separate" and ppo.rollout_backend == "vllm"
 
 
 def test_bad_real_configs_are_refused(tmp_path):

@@ -9,6 +9,8 @@ weights (or the adapter) really move.
 from __future__ import annotations
 
 import json
+import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -18,6 +20,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from typer.testing import CliRunner
 
 from searchrl.cli import app
+from searchrl.models.adapter import adapter_base_dir
 from searchrl.models.export import MANIFEST_NAME, ExportError, export_checkpoint
 from searchrl.models.tiny import build_policy, load_policy
 from searchrl.ppo.config import PPOConfig
@@ -140,6 +143,56 @@ def test_bfloat16_export_and_a_missing_base_model(runs, tmp_path):
         export_checkpoint(copy, tmp_path / "x")
     ok = export_checkpoint(copy, tmp_path / "y", base_model=base)
     assert ok.manifest["base_model"] == str(base)
+
+
+def test_a_relative_base_path_is_found_from_any_working_directory(runs, tmp_path, monkeypatch):
+    from searchrl.common.run import RunReader
+    from searchrl.evaluation.evaluate import load_policy_for_eval
+
+    run, base, tok = runs["lora"]
+    # As if training had run inside `project/` with policy_model_path "models/base": the adapter and the
+    # run config record the base relative to that folder, which is nowhere from another working directory.
+    project = tmp_path / "project"
+    shutil.copytree(base, project / "models" / "base")
+    shutil.copytree(run, project / "runs" / "lora")
+    moved = project / "runs" / "lora"
+    adapter = moved / "checkpoints" / "step-1" / "policy"
+    recorded = json.loads((adapter / "adapter_config.json").read_text())
+    assert recorded["base_model_name_or_path"] == str(base)  # what the trainer wrote: the path it loaded
+    (adapter / "adapter_config.json").write_text(
+        json.dumps({**recorded, "base_model_name_or_path": "models/base"})
+    )
+    config = moved / "config.yaml"
+    config.write_text(config.read_text().replace(str(base), "models/base"))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    assert adapter_base_dir(adapter) == project / "models" / "base"  # found above the adapter
+    with_adapter = PeftModel.from_pretrained(
+        load_policy(base), run / "checkpoints" / "step-1" / "policy"
+    ).eval()
+    expected = logits(with_adapter, tok)
+    # `searchrl eval`'s loader and `searchrl export` both merge the adapter into that base.
+    reader = RunReader(moved)
+    policy, tokenizer = load_policy_for_eval(reader, reader.config, adapter)
+    assert torch.allclose(logits(policy, tokenizer), expected, atol=1e-5)
+    result = export_checkpoint(moved, tmp_path / "merged")
+    assert result.manifest["lora_merged"] is True and result.manifest["base_model"] == str(
+        project / "models" / "base"
+    )
+    merged = AutoModelForCausalLM.from_pretrained(result.out, local_files_only=True).eval()
+    assert torch.allclose(logits(merged, tok), expected, atol=1e-5)
+    # From the folder training ran in, the recorded path as it is.
+    monkeypatch.chdir(project)
+    assert adapter_base_dir(adapter) == Path.cwd() / "models" / "base"
+    # A recorded path that names nothing anywhere: the error says what was recorded and what to do; the
+    # caller's fallback (the run's starting policy) is used when given.
+    (adapter / "adapter_config.json").write_text(
+        json.dumps({**recorded, "base_model_name_or_path": "models/gone"})
+    )
+    with pytest.raises(FileNotFoundError, match="'models/gone'.*searchrl export --base-model"):
+        adapter_base_dir(adapter)
+    assert adapter_base_dir(adapter, [None, str(base)]) == base
 
 
 def test_export_refuses_what_it_cannot_do(runs, tmp_path):

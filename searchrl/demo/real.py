@@ -535,8 +535,11 @@ def _complete_import(path: Path) -> bool:
     )
 
 
-def import_base(cfg: RealDemoConfig, out: Path) -> tuple[Path, bool]:
-    """(model directory, imported now?): `model_dir`, or the wheel's SmolLM2 imported into `out/base`."""
+def import_base(
+    cfg: RealDemoConfig, out: Path, progress: Callable[[str], None] | None = None
+) -> tuple[Path, bool]:
+    """(model directory, imported now?): `model_dir`, or the wheel's SmolLM2 imported into `out/base`
+    (`progress` gets the import's progress lines)."""
     if cfg.model_dir is not None:
         path = Path(cfg.model_dir)
         if not (path / "config.json").is_file():
@@ -550,8 +553,14 @@ def import_base(cfg: RealDemoConfig, out: Path) -> tuple[Path, bool]:
         return base, False
     from searchrl.models.gguf import import_gguf
 
-    import_gguf(base, gguf=cfg.gguf, overwrite=True)
+    import_gguf(base, gguf=cfg.gguf, overwrite=True, progress=progress)
     return base, True
+
+
+def _device(cfg: RealDemoConfig) -> str:
+    """Where the base model is evaluated: the GPU when there is one (and ppo.use_cpu is false), else the CPU.
+    SFT (TRL's Trainer) and PPO (accelerate) place the later policies the same way themselves."""
+    return "cuda" if torch.cuda.is_available() and not cfg.ppo.use_cpu else "cpu"
 
 
 def resolve_threads(requested: int, budget: int = 2) -> int:
@@ -742,7 +751,7 @@ def run_real_demo(cfg: RealDemoConfig) -> dict[str, Any]:
     }
 
     # 4. baselines: the base model ---------------------------------------------------------------------------------
-    policy = load_policy(base_dir)
+    policy = load_policy(base_dir).to(_device(cfg))
     baselines: dict[str, Any] = {}
     for name in cfg.baselines:
         factory = closed_book_env if name == "closed_book" else env_factory
@@ -788,9 +797,10 @@ def run_real_demo(cfg: RealDemoConfig) -> dict[str, Any]:
         shutil.rmtree(sft_dir)
     sft_policy.save_pretrained(sft_dir)
     tok.save_pretrained(sft_dir)
-    # The PPO adapter's config names its base model by this path, so `searchrl eval` finds the SFT weights.
-    sft_policy.config._name_or_path = str(sft_dir)
-    sft_policy.name_or_path = str(sft_dir)
+    # The PPO adapter's config names its base model by this path, so `searchrl eval` finds the SFT weights;
+    # absolute, so it names them from any working directory.
+    sft_policy.config._name_or_path = str(sft_dir.resolve())
+    sft_policy.name_or_path = str(sft_dir.resolve())
     atomic_write_json(out / "sft" / "sft_metrics.json", sft_info)
 
     # 7. evaluate the warm start ---------------------------------------------------------------------------------
@@ -815,7 +825,10 @@ def run_real_demo(cfg: RealDemoConfig) -> dict[str, Any]:
             environment=env_factory,
             eval_dataset=dev_rows,
             peft_config=cfg.lora.peft_config() if cfg.finetune == "lora" else None,
-            generator_factory=real_generator_factory(cfg.bf16_rollouts),
+            # rollout_backend vllm: PPOTrainer builds its vLLM generator (no forcing is needed in training).
+            generator_factory=None
+            if cfg.ppo.rollout_backend == "vllm"
+            else real_generator_factory(cfg.bf16_rollouts),
         )
         trainer.train()
         return trainer

@@ -708,7 +708,10 @@ def _evaluate_target(
 
 
 def load_policy_for_eval(reader: Any, config: Any, model_dir: Path) -> tuple[Any, Any]:
-    """(policy, tokenizer) of a model folder; the tokenizer from the folder, else the run's."""
+    """(policy, tokenizer) of a model folder; the tokenizer from the folder, else the run's. A LoRA checkpoint
+    (an adapter folder) is merged into its base model, found from any working directory
+    (`searchrl.models.adapter`; the run's starting policy is the fallback)."""
+    from searchrl.models.adapter import adapter_base_dir, is_adapter_dir, load_adapter_policy
     from searchrl.models.tiny import load_policy, load_tokenizer
 
     tok_dir = model_dir if (model_dir / "tokenizer_config.json").exists() else None
@@ -720,6 +723,9 @@ def load_policy_for_eval(reader: Any, config: Any, model_dir: Path) -> tuple[Any
         raise FileNotFoundError(
             f"{model_dir}: no tokenizer files here and the run config names no tokenizer_path"
         )
+    if is_adapter_dir(model_dir):
+        start = reader.initial_policy() if reader is not None else None
+        return load_adapter_policy(model_dir, adapter_base_dir(model_dir, [start])), load_tokenizer(tok_dir)
     return load_policy(model_dir), load_tokenizer(tok_dir)
 
 

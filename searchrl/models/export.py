@@ -21,7 +21,6 @@ half-written model behind.
 
 from __future__ import annotations
 
-import json
 import shutil
 import time
 from dataclasses import dataclass
@@ -53,36 +52,36 @@ class ExportResult:
 
 
 def _base_model_dir(policy_dir: Path, raw_config: dict[str, Any], base_model: str | Path | None) -> Path:
-    """Where an adapter's base model is: `base_model`, else the adapter's own record, else the run's start."""
+    """Where an adapter's base model is: `base_model`, else the adapter's own record, else the run's start
+    (a relative record is resolved as `searchrl.models.adapter.adapter_base_dir` says)."""
+    from searchrl.models.adapter import adapter_base_dir, recorded_base
+
     if base_model is not None:
         path = Path(base_model)
         if not (path / "config.json").is_file():
             raise ExportError(f"--base-model {path}: not a model folder (no config.json)")
         return path
-    adapter = json.loads((policy_dir / "adapter_config.json").read_text(encoding="utf-8"))
-    candidates = [adapter.get("base_model_name_or_path"), raw_config.get("policy_model_path")]
-    for candidate in candidates:
-        if candidate and (Path(candidate) / "config.json").is_file():
-            return Path(candidate)
-    raise ExportError(
-        f"{policy_dir} holds a LoRA adapter, and its base model is not on this machine (adapter_config.json names "
-        f"{candidates[0]!r}, the run's policy_model_path is {candidates[1]!r}); pass --base-model DIR, the folder "
-        "of the model the run started from"
-    )
+    try:
+        return adapter_base_dir(policy_dir, [raw_config.get("policy_model_path")])
+    except FileNotFoundError:
+        raise ExportError(
+            f"{policy_dir} holds a LoRA adapter, and its base model is not on this machine (adapter_config.json "
+            f"names {recorded_base(policy_dir)!r}, the run's policy_model_path is "
+            f"{raw_config.get('policy_model_path')!r}); pass --base-model DIR, the folder of the model the run "
+            "started from"
+        ) from None
 
 
 def _load_merged(policy_dir: Path, base_dir: Path | None) -> tuple[Any, bool]:
     from transformers import AutoModelForCausalLM
 
+    from searchrl.models.adapter import load_adapter_policy
+
     if base_dir is None:
         return AutoModelForCausalLM.from_pretrained(
             policy_dir, local_files_only=True, dtype=torch.float32
         ), False
-    from peft import PeftModel
-
-    base = AutoModelForCausalLM.from_pretrained(base_dir, local_files_only=True, dtype=torch.float32)
-    peft_model = PeftModel.from_pretrained(base, policy_dir, is_trainable=False)
-    return peft_model.merge_and_unload(), True
+    return load_adapter_policy(policy_dir, base_dir), True
 
 
 def _probe_logits(model: Any, tokenizer: Any) -> torch.Tensor:
