@@ -104,6 +104,8 @@ def describe(batch: Any, full: bool = True) -> dict[str, Any]:
             "length": len(t.input_ids),
             "tool_calls": [[c.name, c.arguments, c.status, c.doc_ids] for c in t.tool_calls],
             "retrieved": sorted(t.retrieved),
+            # Documents the environment counts as retrieved although no inserted observation showed them.
+            "unseen": sorted(d for d in t.retrieved if f"(id: {d}" not in "".join(t.observations)),
             "answer": t.answer,
             "citations": t.citations,
         }
@@ -219,6 +221,8 @@ def test_every_token_budget_ends_the_episode_where_it_did(recorded, golden, name
     # The sweep crosses real edges: episodes cut by the budget, and the whole episode at the top.
     terminations = {row["termination"] for row in recorded[name]}
     assert {"token_budget", "answered"} <= terminations
+    # However the budget cuts, the environment's record holds only what the policy was shown.
+    assert all(row["unseen"] == [] for row in recorded[name])
 
 
 if __name__ == "__main__":

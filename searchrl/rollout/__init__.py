@@ -1,4 +1,5 @@
-"""searchrl.rollout: trajectories, chat-template token glue, the multi-turn generators (HF, vLLM), metrics.
+"""searchrl.rollout: trajectories, chat-template token glue, the one turn loop and its engines (HF KV cache,
+replay, vLLM), metrics.
 
 Names are imported lazily so that `searchrl.common.trajectory` (used by the environment and the
 rewards) does not pull in torch and transformers.
@@ -15,20 +16,25 @@ _EXPORTS = {
     "Span": "trajectory",
     "read_trajectories": "trajectory",
     "write_trajectories": "trajectory",
+    "ChatTokenMeter": "chat",
     "ToolGlue": "chat",
     "prompt_ids": "chat",
     "render_conversation": "chat",
     "tool_suffix_ids": "chat",
-    "GenerationConfig": "generator",
+    "GenerationConfig": "loop",
+    "RolloutBatch": "loop",
+    "TokenEngine": "loop",
+    "TurnLoop": "loop",
+    "TurnParams": "loop",
+    "TurnCompletion": "loop",
     "HFGenerator": "generator",
-    "RolloutBatch": "generator",
+    "KVCacheEngine": "generator",
+    "ReplayEngine": "generator",
     "ScriptedPolicy": "generator",
     "sampling_log_probs": "generator",
     "VLLMGenerator": "vllm_generator",
     "VLLMEngine": "vllm_generator",
     "HFTokenEngine": "vllm_generator",
-    "TurnParams": "vllm_generator",
-    "TurnCompletion": "vllm_generator",
     "rollout_stats": "stats",
 }
 
