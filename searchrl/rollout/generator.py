@@ -35,7 +35,6 @@ import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.cache_utils import DynamicLayer
 
-from searchrl.common.trajectory import Trajectory
 from searchrl.rollout.loop import (
     EngineUsage,
     GenerationConfig,
@@ -46,7 +45,6 @@ from searchrl.rollout.loop import (
     TurnLoop,
     TurnParams,
 )
-from searchrl.rollout.stats import rollout_stats
 
 
 def sampling_log_probs(
@@ -462,19 +460,6 @@ class HFGenerator(TurnLoop):
             return ReplayEngine(len(self.tokenizer), self.config, self.forcing)
         return KVCacheEngine(self.model, self.pad_id, self.config, self.forcing)
 
-    def _batch_stats(
-        self,
-        engine: TokenEngine,
-        trajectories: list[Trajectory],
-        wall_s: float,
-        search_s: float,
-        usage: EngineUsage,
-    ) -> dict[str, float]:
+    def _model_tokens(self, engine: TokenEngine, usage: EngineUsage) -> tuple[int, int]:
         assert isinstance(engine, KVCacheEngine | ReplayEngine)
-        return rollout_stats(
-            trajectories,
-            wall_s=wall_s,
-            search_s=search_s,
-            model_tokens=engine.tokens_run,
-            model_real_tokens=engine.real_tokens_run,
-        )
+        return engine.tokens_run, engine.real_tokens_run

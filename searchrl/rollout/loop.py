@@ -180,6 +180,7 @@ class EpisodeState:
     observations: list[str] = field(default_factory=list)
     error: str | None = None  # set when the environment itself failed
     r1_content: str = ""  # search_r1: the one assistant message grows with actions and observations
+    meter: _RowMeter | None = None  # this episode's token counts, which the environment's budget reads
 
     @property
     def episode_tokens(self) -> int:
@@ -190,12 +191,14 @@ class _RowMeter:
     """The environment's `TokenMeter` for one episode: the loop's own, exact counts.
 
     A turn costs the tokens sampled for it; an observation costs the ids the loop would insert for it,
-    which are kept so that inserting them measures nothing again.
+    which are kept so that inserting them measures nothing again. `seconds` is the time spent measuring
+    (the loop's, not the environment's: it is taken out of `rollout/search_s`).
     """
 
     def __init__(self, state: EpisodeState, tokenizer: PreTrainedTokenizerBase) -> None:
         self.state = state
         self.tokenizer = tokenizer
+        self.seconds = 0.0
         self._last: tuple[Any, list[int], str] | None = None
 
     def turn_tokens(self, text: str) -> int:
@@ -204,7 +207,9 @@ class _RowMeter:
     def observation(self, result: Any) -> tuple[list[int], str]:
         """The observation's ids and text (measured once per step result)."""
         if self._last is None or self._last[0] is not result:
+            t0 = time.perf_counter()
             ids, text = observation_ids(self.tokenizer, self.state.glue, result)
+            self.seconds += time.perf_counter() - t0
             self._last = (result, ids, text)
         return self._last[1], self._last[2]
 
@@ -264,22 +269,13 @@ class TurnLoop:
         """The engine for one rollout."""
         raise NotImplementedError
 
-    def _batch_stats(
-        self,
-        engine: TokenEngine,
-        trajectories: list[Trajectory],
-        wall_s: float,
-        search_s: float,
-        usage: EngineUsage,
-    ) -> dict[str, float]:
-        """The batch metrics; the model-token counts are the positions the engine said it ran."""
-        return rollout_stats(
-            trajectories,
-            wall_s=wall_s,
-            search_s=search_s,
-            model_tokens=usage.computed,
-            model_real_tokens=usage.computed,
-        )
+    def _model_tokens(self, engine: TokenEngine, usage: EngineUsage) -> tuple[int, int]:
+        """(positions the model computed, of them real tokens): by default what the answers imply."""
+        return usage.computed, usage.computed
+
+    def _engine_stats(self, usage: EngineUsage) -> dict[str, float]:
+        """Metrics of the engine's own, added to the batch metrics."""
+        return {}
 
     # -- the loop --------------------------------------------------------------------------------
     def rollout(self, envs: list[Any], rows: list[dict[str, Any]]) -> RolloutBatch:
@@ -305,7 +301,15 @@ class TurnLoop:
             live = [r for r in live if not r.done]
         wall = time.perf_counter() - started
         trajectories = [self._trajectory(r) for r in states]
-        return RolloutBatch(trajectories, self._batch_stats(engine, trajectories, wall, search_s, usage))
+        model_tokens, real_tokens = self._model_tokens(engine, usage)
+        stats = rollout_stats(
+            trajectories,
+            wall_s=wall,
+            search_s=search_s,
+            model_tokens=model_tokens,
+            model_real_tokens=real_tokens,
+        )
+        return RolloutBatch(trajectories, stats | self._engine_stats(usage))
 
     def _rows_with_room(
         self, live: list[EpisodeState], engine: TokenEngine
@@ -410,16 +414,19 @@ class TurnLoop:
 
     # -- the environment step ----------------------------------------------------------------------
     def _step_ended(self, ended: list[tuple[EpisodeState, str]]) -> float:
-        """One batched environment step for every row whose turn ended; returns its seconds.
+        """One batched environment step for every row whose turn ended; returns the environment's seconds.
 
         Records each action; a row whose environment failed ends with "error" (the others go on), a
         finished one is done, one whose observation does not fit ends with "token_budget" (and the
         environment forgets that observation: the policy never saw it), the others get their observation
         appended (the engine reads it with the next request).
         """
+        meters = [self._meter(r) for r, _ in ended]
+        measured = sum(m.seconds for m in meters)
         t0 = time.perf_counter()
         results = self._safe_step(ended)
-        seconds = time.perf_counter() - t0
+        # The step asked the meters for observation ids: that is the rollout's work, not the search's.
+        seconds = time.perf_counter() - t0 - (sum(m.seconds for m in meters) - measured)
         for (r, text), res in zip(ended, results, strict=True):
             self._record_action(r, text)
             if res is None:  # the environment itself failed: only this row ends
@@ -464,10 +471,8 @@ class TurnLoop:
         return True
 
     def _meter(self, r: EpisodeState) -> _RowMeter:
-        meter = getattr(r.env, "meter", None)
-        if isinstance(meter, _RowMeter) and meter.state is r:
-            return meter
-        return _RowMeter(r, self.tokenizer)  # an environment without a meter slot
+        assert r.meter is not None, "_start_row gives every episode its meter"
+        return r.meter
 
     def _record_action(self, r: EpisodeState, text: str) -> None:
         start = len(r.ids) - len(r.turn_ids)
@@ -503,8 +508,9 @@ class TurnLoop:
             prompt_length=len(ids),
             glue=self._glue_for(tools) if protocol == "chat" else None,
         )
+        state.meter = _RowMeter(state, self.tokenizer)
         if hasattr(env, "meter"):
-            env.meter = _RowMeter(state, self.tokenizer)  # the env's budget counts what this loop counts
+            env.meter = state.meter  # the environment's budget counts what this loop counts
         return state
 
     def _glue_for(self, tools: list[dict] | None) -> ToolGlue:

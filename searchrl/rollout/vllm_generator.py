@@ -50,7 +50,6 @@ import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from searchrl.common.config import ConfigError
-from searchrl.common.trajectory import Trajectory
 from searchrl.rollout.generator import sampling_log_probs
 from searchrl.rollout.loop import (
     EngineUsage,
@@ -473,20 +472,13 @@ class VLLMGenerator(TurnLoop):
     def _engine(self) -> TokenEngine:
         return self.engine
 
-    def _batch_stats(
-        self,
-        engine: TokenEngine,
-        trajectories: list[Trajectory],
-        wall_s: float,
-        search_s: float,
-        usage: EngineUsage,
-    ) -> dict[str, float]:
-        stats = super()._batch_stats(engine, trajectories, wall_s, search_s, usage)
-        stats["rollout/engine_calls"] = float(usage.calls)
-        stats["rollout/prefix_cache_hit_rate"] = usage.cached / usage.submitted if usage.submitted else 0.0
-        stats["rollout/dropped_engine_tokens"] = float(usage.dropped)
-        stats["rollout/weight_syncs"] = float(self.weight_syncs)
-        return stats
+    def _engine_stats(self, usage: EngineUsage) -> dict[str, float]:
+        return {
+            "rollout/engine_calls": float(usage.calls),
+            "rollout/prefix_cache_hit_rate": usage.cached / usage.submitted if usage.submitted else 0.0,
+            "rollout/dropped_engine_tokens": float(usage.dropped),
+            "rollout/weight_syncs": float(self.weight_syncs),
+        }
 
 
 # -------------------------------------------------------------------------------------------------
