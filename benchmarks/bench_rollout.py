@@ -162,6 +162,7 @@ def make_trl_trainer(world: dict[str, Any], rows: list[dict], scripts: list[list
     from trl import GRPOConfig, GRPOTrainer
 
     from searchrl.env.trl_adapter import make_environment_factory
+    from searchrl.rollout.chat import ChatTokenMeter
 
     tok = world["tok"]
     model = copy.deepcopy(world["model"])
@@ -207,7 +208,10 @@ def make_trl_trainer(world: dict[str, Any], rows: list[dict], scripts: list[list
         args=args,
         train_dataset=Dataset.from_list(data),
         processing_class=tok,
-        environment_factory=make_environment_factory(world["backend"], env_config(), tok),
+        # As the GRPO trainer wires it: the token budget counts tool results as TRL inserts them.
+        environment_factory=make_environment_factory(
+            world["backend"], env_config(), tok, meter=ChatTokenMeter(tok)
+        ),
     )
     return trainer, model, data
 

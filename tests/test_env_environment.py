@@ -384,8 +384,15 @@ def test_truncation_counts_real_tokens_with_a_tokenizer(tokenizer) -> None:
     assert env.tokens_used > 50  # action + observation + template glue are counted
 
 
-def test_token_accounting_matches_the_chat_template(tokenizer) -> None:
-    env = SearchEnvironment(FakeBackend(), EnvConfig(max_observation_tokens=500), tokenizer=tokenizer)
+def test_token_accounting_with_the_chat_meter_is_the_templates_exact_count(tokenizer) -> None:
+    from searchrl.rollout.chat import ChatTokenMeter
+
+    env = SearchEnvironment(
+        FakeBackend(),
+        EnvConfig(max_observation_tokens=500),
+        tokenizer=tokenizer,
+        meter=ChatTokenMeter(tokenizer),
+    )
     prompt = env.reset({"question": "What is the capital of France?"})
     turn = "Let me search.\n" + call("capital of France") + call("river Seine")
     result = env.step(turn)
@@ -398,32 +405,42 @@ def test_token_accounting_matches_the_chat_template(tokenizer) -> None:
         return len(tokenizer.encode(text, add_special_tokens=False))
 
     exact = rendered_tokens(conversation) - rendered_tokens(prompt)  # action + EOS + glue + observations
-    assert abs(env.tokens_used - exact) <= 2, (env.tokens_used, exact)
+    assert env.tokens_used == exact
 
 
-def test_template_glue_is_measured_once_per_tokenizer_and_again_when_its_template_changes(
-    tokenizer, monkeypatch
-) -> None:
-    calls = []
-    measure = SearchEnvironment._measure_glue
+def test_without_a_meter_the_env_counts_text_and_never_measures_template_glue(tokenizer, monkeypatch) -> None:
+    # The rollout owns the template glue: an environment on its own never renders the chat template.
+    def no_template(*args, **kwargs):
+        raise AssertionError("the environment rendered the chat template")
 
-    def counting(self):
-        calls.append(self.tokenizer)
-        return measure(self)
+    monkeypatch.setattr(tokenizer, "apply_chat_template", no_template)
+    env = SearchEnvironment(FakeBackend(), EnvConfig(max_observation_tokens=500), tokenizer=tokenizer)
+    env.reset({"question": "q"})
+    turn = call("Paris")
+    result = env.step(turn)
+    content = result.tool_messages[0]["content"]
+    count = lambda text: len(tokenizer.encode(text, add_special_tokens=False))  # noqa: E731
+    assert env.tokens_used == count(turn) + 1 + count(content)  # the turn, its EOS, the result's text
 
-    monkeypatch.setattr(SearchEnvironment, "_measure_glue", counting)
-    first = SearchEnvironment(FakeBackend(), EnvConfig(), tokenizer=tokenizer)
-    second = SearchEnvironment(FakeBackend(), EnvConfig(), tokenizer=tokenizer)
-    glue = (first._glue_per_message, first._glue_per_turn)
-    assert glue == (second._glue_per_message, second._glue_per_turn) and glue[0] > 0
-    assert calls.count(tokenizer) <= 1  # the module may have measured this tokenizer in an earlier test
-    before = len(calls)
-    monkeypatch.setattr(
-        tokenizer, "chat_template", tokenizer.chat_template.replace("<tool_response>", "<tr>")
+
+def test_the_budget_adds_what_the_meter_says(tokenizer) -> None:
+    class Fixed:
+        def turn_tokens(self, text):
+            return 7
+
+        def observation_tokens(self, result):
+            return 40 + len(result.tool_messages)
+
+    env = SearchEnvironment(
+        FakeBackend(), EnvConfig(max_total_tokens=100), tokenizer=tokenizer, meter=Fixed()
     )
-    changed = SearchEnvironment(FakeBackend(), EnvConfig(), tokenizer=tokenizer)
-    assert len(calls) == before + 1  # a new template is measured, not read from the cache
-    assert (changed._glue_per_message, changed._glue_per_turn) != glue
+    env.reset({"question": "q"})
+    assert not env.step(call("Paris")).done and env.tokens_used == 7 + 41
+    second = env.step(call("Seine"))  # 48 + 7 + 41 = 96: still within 100
+    assert not second.done and env.tokens_used == 96
+    third = env.step(call("Danube"))  # the turn alone reaches 103: its call is not run
+    assert third.done and third.termination == "token_budget" and env.tokens_used == 103
+    assert [r.status for r in env.records] == ["ok", "ok", "over_budget"]
 
 
 # -- rl_methods.md §8 invariants 19, 20, 25 --------------------------------------------------------------

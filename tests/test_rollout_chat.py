@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import unicodedata
 from types import SimpleNamespace
 
 import pytest
@@ -9,8 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from trl import GRPOTrainer
 
+from searchrl.env.environment import StepResult
 from searchrl.models.tiny import tokenizer_training_texts, train_tokenizer
 from searchrl.rollout.chat import (
+    ChatTokenMeter,
     ToolGlue,
     inline_observation_ids,
     prompt_ids,
@@ -51,8 +54,10 @@ def _trl_suffix(tok, tool_messages):
 
 
 # Tool results as the environment writes them: any text, but without chat special tokens (the
-# environment's sanitiser neutralises those before they reach a tool message).
-tool_text = st.text(max_size=60).filter(lambda s: "<|" not in s)
+# environment's sanitiser neutralises those before they reach a tool message). NFC-normal text only: the
+# tokenizer normalises to NFC (as Qwen2.5's does), so other text cannot decode back to itself whatever
+# the glue (e.g. a CJK compatibility ideograph decodes as its canonical character).
+tool_text = st.text(max_size=60).filter(lambda s: "<|" not in s and unicodedata.normalize("NFC", s) == s)
 
 
 @settings(max_examples=40, deadline=None)
@@ -89,3 +94,28 @@ def test_inline_observation_is_plain_text_tokens(tok):
 def test_suffix_needs_a_tool_message(tok):
     with pytest.raises(ValueError, match="at least one tool message"):
         ToolGlue(tok).suffix_ids([])
+
+
+def test_chat_meter_counts_what_trl_inserts_and_measures_the_template_prefix_once(tok, monkeypatch):
+    meter = ChatTokenMeter(tok)
+    contents = ["[1] (id: d1) Varnholt\nVarnholt is a river town.", "No documents found."]
+    for content in contents:
+        message = {"role": "tool", "name": "search", "content": content}
+        result = StepResult(done=False, tool_messages=[message])
+        assert meter.observation_tokens(result) == len(_trl_suffix(tok, [message]))
+    inline = StepResult(done=False, inline_observation="\n\n<information>x</information>\n\n")
+    assert meter.observation_tokens(inline) == len(inline_observation_ids(tok, inline.inline_observation))
+    assert meter.turn_tokens("Varnholt") == len(tok.encode("Varnholt", add_special_tokens=False)) + 1
+    # The dummy prefix is rendered once per tool name, however many observations are counted.
+    renders = []
+    real = tok.apply_chat_template
+    monkeypatch.setattr(
+        tok,
+        "apply_chat_template",
+        lambda *a, **kw: renders.append(kw["add_generation_prompt"]) or real(*a, **kw),
+    )
+    for _ in range(3):
+        meter.observation_tokens(
+            StepResult(done=False, tool_messages=[{"role": "tool", "name": "search", "content": "a"}])
+        )
+    assert renders == [True, True, True]

@@ -396,3 +396,15 @@ def test_a_model_loaded_from_a_local_directory_rolls_out_identically(world, tmp_
         assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs, strict=True)) <= 1e-5
         decoded = loaded["tok"].decode(b.input_ids, skip_special_tokens=False)
         assert render_conversation(loaded["tok"], b.messages, env.tools) == decoded + "\n"
+
+
+def test_every_public_name_of_the_rollout_package_resolves():
+    import searchrl.rollout as rollout
+
+    for name in rollout.__all__:
+        assert getattr(rollout, name) is not None, name
+    from searchrl.common.trajectory import Trajectory
+    from searchrl.rollout.loop import TurnLoop
+
+    assert rollout.Trajectory is Trajectory and issubclass(rollout.HFGenerator, TurnLoop)
+    assert issubclass(rollout.VLLMGenerator, TurnLoop)

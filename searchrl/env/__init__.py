@@ -5,7 +5,15 @@ episode (validation, allow-list, budgets, batched searches under a deadline, san
 `SearchToolEnv` adapts it to TRL 1.16's `GRPOTrainer(environment_factory=...)`.
 """
 
-from searchrl.env.environment import EnvConfig, SearchEnvironment, StepResult, TokenCounter, step_batch
+from searchrl.env.environment import (
+    EnvConfig,
+    SearchEnvironment,
+    StepResult,
+    TextTokenMeter,
+    TokenCounter,
+    TokenMeter,
+    step_batch,
+)
 from searchrl.env.guard import BackendGuard, guard_for
 from searchrl.env.protocol import (
     ToolCall,
@@ -29,7 +37,9 @@ __all__ = [
     "SearchEnvironment",
     "SearchToolEnv",
     "StepResult",
+    "TextTokenMeter",
     "TokenCounter",
+    "TokenMeter",
     "ToolCall",
     "ToolRegistry",
     "ToolSpec",

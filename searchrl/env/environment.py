@@ -22,21 +22,23 @@ Termination (`StepResult.termination`, one of `TERMINATION_REASONS`):
   ``over_budget``, the backend is never called); if the policy tries again in a later turn instead of
   answering, the episode ends;
 - ``token_budget``: the tokens after the prompt (actions + observations) would exceed
-  `max_total_tokens`; the env refuses to add such an observation. The rollout knows the exact token
-  counts and may also end the episode itself with `finish("token_budget")`;
+  `max_total_tokens`; the env refuses to add such an observation. The rollout may also end the episode
+  itself with `finish("token_budget")`;
 - ``error``: set only from outside through `finish("error")` (a failed call is an observation, never a
   crash or an end).
 
-Token counts use the tokenizer when one is given, else white-space words.
+Token counts: the budget adds up what a `TokenMeter` says each turn and observation costs. The rollout
+hands every episode its meter (`env.meter`), which counts exactly the tokens the sequence receives, the
+chat template's glue included; without one the env counts the text itself (`TextTokenMeter`: tokens of
+the tokenizer when one is given, else white-space words; no template glue). Truncation always counts
+tokens of the text.
 """
 
 from __future__ import annotations
 
-import contextlib
 import re
-import weakref
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from searchrl.common.config import ConfigError
 from searchrl.common.trajectory import TERMINATION_REASONS, ToolCallRecord
@@ -243,6 +245,34 @@ class TokenCounter:
             return text if len(ids) <= n else self.tokenizer.decode(ids[:n])
 
 
+class TokenMeter(Protocol):
+    """What a finished turn and an observation add to an episode's token count (the budget's only measure)."""
+
+    def turn_tokens(self, text: str) -> int:
+        """Tokens of the policy turn `text`, its EOS or stop included."""
+        ...
+
+    def observation_tokens(self, result: StepResult) -> int:
+        """Tokens the observation of `result` (its tool messages or inline text) adds to the sequence."""
+        ...
+
+
+class TextTokenMeter:
+    """The environment's own count when no rollout gives it one: the text's tokens (white-space words
+    without a tokenizer), plus one EOS per turn with a tokenizer; no chat-template glue."""
+
+    def __init__(self, counter: TokenCounter) -> None:
+        self.counter = counter
+
+    def turn_tokens(self, text: str) -> int:
+        return self.counter.count(text) + (1 if self.counter.tokenizer is not None else 0)
+
+    def observation_tokens(self, result: StepResult) -> int:
+        if result.inline_observation is not None:
+            return self.counter.count(result.inline_observation)
+        return sum(self.counter.count(str(m.get("content", ""))) for m in result.tool_messages)
+
+
 @dataclass
 class _Slot:
     """One call of a turn on its way to an observation."""
@@ -263,14 +293,12 @@ class _Plan:
     result: StepResult | None = None  # set when the turn ends the episode before any search
 
 
-# id(tokenizer) -> (weak reference to it, the chat template measured, (per message, per turn)). A hit needs
-# the same live object and an equal template (a string, or a dict of named ones), so an id reused after the
-# old tokenizer died, or a changed template, is measured anew.
-_GLUE_CACHE: dict[int, tuple[Any, Any, tuple[int, int]]] = {}
-
-
 class SearchEnvironment:
-    """One episode at a time of question answering with a search tool (see the module docstring)."""
+    """One episode at a time of question answering with a search tool (see the module docstring).
+
+    `meter` counts what each turn and observation costs against `max_total_tokens`; the rollout sets its
+    own per episode (exact token counts), and TRL's tool loop gets `rollout.chat.ChatTokenMeter`.
+    """
 
     def __init__(
         self,
@@ -278,6 +306,7 @@ class SearchEnvironment:
         config: EnvConfig | None = None,
         tokenizer: Any | None = None,
         registry: ToolRegistry | None = None,
+        meter: TokenMeter | None = None,
     ) -> None:
         self.config = config if config is not None else EnvConfig()
         self.registry = registry if registry is not None else DEFAULT_REGISTRY
@@ -291,7 +320,7 @@ class SearchEnvironment:
         self.tokenizer = tokenizer
         self.counter = TokenCounter(tokenizer)
         self._extra_special = special_tokens_of(tokenizer)
-        self._glue_per_message, self._glue_per_turn = self._estimate_glue()
+        self.meter: TokenMeter = meter if meter is not None else TextTokenMeter(self.counter)
         self.row: dict[str, Any] | None = None
         self._clear_episode()
 
@@ -434,49 +463,11 @@ class SearchEnvironment:
             str, int
         ] = {}  # doc id -> its number this episode (citation_style "number")
         self.final_text = ""
-        self.tokens_used = 0  # after the prompt; the rollout may overwrite it with its exact count
+        self.tokens_used = 0  # after the prompt, as `meter` counts each turn and observation
         self.searches_sent = 0
         self.injection_attempts = 0
         self._over_budget_warned = False
         self._last_observation: tuple[int, list[str]] = (0, [])  # (observations added, new doc ids)
-
-    def _estimate_glue(self) -> tuple[int, int]:
-        """Template tokens around tool results (chat): per tool message and per observation turn.
-
-        Measured on the tokenizer's own chat template by difference (empty tool messages), as TRL does;
-        Qwen2.5's strings are the fallback when the tokenizer has no usable template."""
-        if self.config.protocol != "chat" or self.tokenizer is None:
-            return 0, 0
-        # The same tokenizer and template always give the same counts; measuring them was a fifth of the
-        # cost of building an environment, and trainers build one per episode.
-        template = getattr(self.tokenizer, "chat_template", None)
-        cached = _GLUE_CACHE.get(id(self.tokenizer))
-        if cached is not None and cached[0]() is self.tokenizer and cached[1] == template:
-            return cached[2]
-        glue = self._measure_glue()
-        # A tokenizer that takes no weak reference is measured each time.
-        with contextlib.suppress(TypeError):
-            _GLUE_CACHE[id(self.tokenizer)] = (weakref.ref(self.tokenizer), template, glue)
-        return glue
-
-    def _measure_glue(self) -> tuple[int, int]:
-        try:
-            base = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
-            tool = {"role": "tool", "content": ""}
-            counts = [
-                self.counter.count(
-                    self.tokenizer.apply_chat_template(
-                        base + [tool] * n, tokenize=False, add_generation_prompt=n > 0
-                    )
-                )
-                for n in (0, 1, 2)
-            ]
-            per_message = counts[2] - counts[1]
-            return per_message, counts[1] - counts[0] - per_message
-        except Exception:  # no template, or one that cannot render tool messages
-            per_message = self.counter.count("\n<tool_response>\n\n</tool_response>")
-            per_turn = self.counter.count("\n<|im_start|>user<|im_end|>\n<|im_start|>assistant\n")
-            return per_message, per_turn
 
     # -- turn processing (called by step_batch) ------------------------------------------------------
     def _check_can_step(self) -> None:
@@ -495,7 +486,7 @@ class SearchEnvironment:
         self.turns.append(turn)
         self.final_text = text
         self._last_observation = (0, [])  # the policy wrote a new turn, so it saw the last observation
-        self.tokens_used += self.counter.count(text) + (1 if self.tokenizer is not None else 0)  # + EOS/stop
+        self.tokens_used += self.meter.turn_tokens(text)
         plan = _Plan(env=self, turn=turn)
         turn_index = len(self.turns) - 1
 
@@ -621,11 +612,12 @@ class SearchEnvironment:
         contents = [s.content or "" for s in plan.slots]
         errors = [f"{r.status}: {r.error}" for r in records if r.status != "ok" and r.error]
         error = " | ".join(errors) if errors else None
+        result = StepResult(done=False, records=records, error=error)
         if cfg.protocol == "chat":
-            cost = sum(self.counter.count(c) + self._glue_per_message for c in contents) + self._glue_per_turn
+            result.tool_messages = [{"role": "tool", "name": "search", "content": c} for c in contents]
         else:
-            inline = "".join(f"\n\n<information>{c}</information>\n\n" for c in contents)
-            cost = self.counter.count(inline)
+            result.inline_observation = "".join(f"\n\n<information>{c}</information>\n\n" for c in contents)
+        cost = self.meter.observation_tokens(result)
         if self.tokens_used + cost > cfg.max_total_tokens:
             return self._end(
                 "token_budget",
@@ -642,11 +634,7 @@ class SearchEnvironment:
             injections += slot.injections
         self._last_observation = (len(contents), new_docs)
         self.injection_attempts += injections
-        result = StepResult(done=False, records=records, error=error, injection_attempts=injections)
-        if cfg.protocol == "chat":
-            result.tool_messages = [{"role": "tool", "name": "search", "content": c} for c in contents]
-        else:
-            result.inline_observation = inline
+        result.injection_attempts = injections
         return result
 
     # -- observations ------------------------------------------------------------------------------

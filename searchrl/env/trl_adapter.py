@@ -16,6 +16,10 @@ functions (a test holds it to that):
   the trainer's `reward_funcs`; TRL sums the sources.
 
 `make_environment_factory(backend_or_index_dir, config)` gives the zero-argument factory TRL calls.
+
+Token budget: TRL's loop inserts each tool result with the chat template's glue, so pass `meter=
+rollout.chat.ChatTokenMeter(tokenizer)` (what the GRPO trainer does) to count each observation exactly as
+TRL inserts it; without a meter the environment counts the result's text only.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from searchrl.env.environment import EnvConfig, SearchEnvironment
+from searchrl.env.environment import EnvConfig, SearchEnvironment, TokenMeter
 from searchrl.search.base import Backend
 
 
@@ -38,10 +42,11 @@ class SearchToolEnv:
         config: EnvConfig | None = None,
         tokenizer: Any | None = None,
         failure_penalty: float = 0.1,
+        meter: TokenMeter | None = None,
     ) -> None:
         if failure_penalty < 0:
             raise ValueError(f"failure_penalty must be >= 0 (it is subtracted), got {failure_penalty}")
-        self._env = SearchEnvironment(backend, config, tokenizer)
+        self._env = SearchEnvironment(backend, config, tokenizer, meter=meter)
         self._failure_penalty = failure_penalty
 
     def reset(self, **kwargs: Any) -> str | None:
@@ -98,13 +103,15 @@ def make_environment_factory(
     config: EnvConfig | None = None,
     tokenizer: Any | None = None,
     failure_penalty: float = 0.1,
+    meter: TokenMeter | None = None,
 ) -> Callable[[], SearchToolEnv]:
-    """A zero-argument factory of `SearchToolEnv` over one shared backend (opened once from an index dir)."""
+    """A zero-argument factory of `SearchToolEnv` over one shared backend (opened once from an index dir)
+    and one shared token `meter` (see the module docstring)."""
     backend = _open_backend(backend_or_index_dir)
     config = config if config is not None else EnvConfig()
 
     def factory() -> SearchToolEnv:
-        return SearchToolEnv(backend, config, tokenizer, failure_penalty)
+        return SearchToolEnv(backend, config, tokenizer, failure_penalty, meter)
 
     return factory
 

@@ -61,6 +61,7 @@ from searchrl.grpo.config import GRPORunConfig
 from searchrl.models.forward_patches import remove_trainer_forward_patches, shares_storage
 from searchrl.rewards.combine import Rubric, default_rubric, load_rubric, mean_breakdown
 from searchrl.rewards.qa import exact_match
+from searchrl.rollout.chat import ChatTokenMeter
 from searchrl.rollout.generator import GenerationConfig, HFGenerator
 from searchrl.rollout.stats import termination_stats, tool_stats
 from searchrl.search.base import Backend
@@ -149,9 +150,12 @@ def tool_env_factory(backend: Backend, env_config: EnvConfig, tokenizer: Any) ->
     if rendered != schema[0]:
         raise RuntimeError(f"TRL would render the search tool as {rendered}, the environment as {schema[0]}")
 
+    # The token budget counts each tool result as TRL inserts it: the template's glue included.
+    meter = ChatTokenMeter(tokenizer) if tokenizer is not None else None
+
     def factory() -> SearchToolEnv:
         # failure_penalty 0: the rubric alone is the reward, exactly as for PPO and our_rollout.
-        return env_class(backend, env_config, tokenizer, failure_penalty=0.0)
+        return env_class(backend, env_config, tokenizer, failure_penalty=0.0, meter=meter)
 
     return factory
 

@@ -1,4 +1,5 @@
-"""searchrl.rollout: trajectories, chat-template token glue, the multi-turn generators (HF, vLLM), metrics.
+"""searchrl.rollout: trajectories, chat-template token glue, the one turn loop and its engines (HF KV cache,
+replay, vLLM), metrics.
 
 Names are imported lazily so that `searchrl.common.trajectory` (used by the environment and the
 rewards) does not pull in torch and transformers.
@@ -10,26 +11,31 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    "Trajectory": "trajectory",
-    "ToolCallRecord": "trajectory",
-    "Span": "trajectory",
-    "read_trajectories": "trajectory",
-    "write_trajectories": "trajectory",
-    "ToolGlue": "chat",
-    "prompt_ids": "chat",
-    "render_conversation": "chat",
-    "tool_suffix_ids": "chat",
-    "GenerationConfig": "generator",
-    "HFGenerator": "generator",
-    "RolloutBatch": "generator",
-    "ScriptedPolicy": "generator",
-    "sampling_log_probs": "generator",
-    "VLLMGenerator": "vllm_generator",
-    "VLLMEngine": "vllm_generator",
-    "HFTokenEngine": "vllm_generator",
-    "TurnParams": "vllm_generator",
-    "TurnCompletion": "vllm_generator",
-    "rollout_stats": "stats",
+    "Trajectory": "searchrl.common.trajectory",
+    "ToolCallRecord": "searchrl.common.trajectory",
+    "Span": "searchrl.common.trajectory",
+    "read_trajectories": "searchrl.common.trajectory",
+    "write_trajectories": "searchrl.common.trajectory",
+    "ChatTokenMeter": "searchrl.rollout.chat",
+    "ToolGlue": "searchrl.rollout.chat",
+    "prompt_ids": "searchrl.rollout.chat",
+    "render_conversation": "searchrl.rollout.chat",
+    "tool_suffix_ids": "searchrl.rollout.chat",
+    "GenerationConfig": "searchrl.rollout.loop",
+    "RolloutBatch": "searchrl.rollout.loop",
+    "TokenEngine": "searchrl.rollout.loop",
+    "TurnLoop": "searchrl.rollout.loop",
+    "TurnParams": "searchrl.rollout.loop",
+    "TurnCompletion": "searchrl.rollout.loop",
+    "HFGenerator": "searchrl.rollout.generator",
+    "KVCacheEngine": "searchrl.rollout.generator",
+    "ReplayEngine": "searchrl.rollout.generator",
+    "ScriptedPolicy": "searchrl.rollout.generator",
+    "sampling_log_probs": "searchrl.rollout.generator",
+    "VLLMGenerator": "searchrl.rollout.vllm_generator",
+    "VLLMEngine": "searchrl.rollout.vllm_generator",
+    "HFTokenEngine": "searchrl.rollout.vllm_generator",
+    "rollout_stats": "searchrl.rollout.stats",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -38,4 +44,4 @@ __all__ = sorted(_EXPORTS)
 def __getattr__(name: str) -> Any:
     if name not in _EXPORTS:
         raise AttributeError(f"module 'searchrl.rollout' has no attribute {name!r}")
-    return getattr(importlib.import_module(f"searchrl.rollout.{_EXPORTS[name]}"), name)
+    return getattr(importlib.import_module(_EXPORTS[name]), name)

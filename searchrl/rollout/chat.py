@@ -5,6 +5,10 @@ conversation, the tokens inserted after the policy's EOS must be exactly what th
 render for the tool messages (no hand-written markup, no re-tokenising the history). We render a small
 dummy conversation with and without the tool messages and keep the difference after the dummy's last
 EOS; that works for any prefix-preserving template (Qwen2.5, the tiny model's, a real Qwen's).
+
+The same ids are the token budget's measure: `observation_ids` is what the rollout inserts and what it
+tells the environment an observation costs, and `ChatTokenMeter` counts for TRL's tool loop, which
+inserts tool results the same way. Nothing else measures template glue.
 """
 
 from __future__ import annotations
@@ -126,6 +130,37 @@ def tool_suffix_ids(
 def inline_observation_ids(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
     """Search-R1 protocol: the observation goes into the same assistant turn as plain text tokens."""
     return [int(i) for i in tokenizer.encode(text, add_special_tokens=False)]
+
+
+def observation_ids(
+    tokenizer: PreTrainedTokenizerBase, glue: ToolGlue | None, result: Any
+) -> tuple[list[int], str]:
+    """The ids an environment step's observation puts into the sequence, and its text.
+
+    Chat (`glue` given): the tool messages with exactly the template's glue. Search-R1 (`glue` None): the
+    inline `<information>` text as plain tokens. `result` is a `StepResult`.
+    """
+    if glue is not None:
+        messages = list(result.tool_messages)
+        return glue.suffix_ids(messages), "\n\n".join(str(m.get("content", "")) for m in messages)
+    text = str(result.inline_observation or "")
+    return inline_observation_ids(tokenizer, text), text
+
+
+class ChatTokenMeter:
+    """The environment's `TokenMeter` for TRL's tool loop: a turn is its text's tokens plus EOS; an
+    observation is exactly the ids TRL inserts for it (the template's glue by difference, as here)."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, tools: list[dict] | None = None) -> None:
+        self.tokenizer = tokenizer
+        self.glue = ToolGlue(tokenizer, tools)
+
+    def turn_tokens(self, text: str) -> int:
+        return len(self.tokenizer.encode(text, add_special_tokens=False)) + 1
+
+    def observation_tokens(self, result: Any) -> int:
+        glue = self.glue if result.inline_observation is None else None
+        return len(observation_ids(self.tokenizer, glue, result)[0])
 
 
 def tools_key(tools: list[dict] | None) -> str:

@@ -1,10 +1,12 @@
-"""Batched multi-turn generation with tool pauses over one KV cache (the HF backend).
+"""The Hugging Face engines of the turn loop: one batched KV cache, and model-free replay.
 
-What: `HFGenerator.rollout(envs, rows)` runs one episode per row. All rows decode together; a row that
-ends a turn (EOS, or a stop string of its environment) pauses; all rows that paused at the same step go
-to `step_batch` together (one batched search); each row's observation tokens, with exactly the chat
-template's glue, are appended to the SAME KV cache by one batched forward over just the new tokens of
-just those rows. The history is never prefilled again, and finished rows leave the batch.
+What: `HFGenerator(model, tokenizer, GenerationConfig(...)).rollout(envs, rows)` is `loop.TurnLoop` over
+a `KVCacheEngine`: all rows decode together, one token per row and step; a row that ends a turn (EOS,
+or a stop string of its environment) pauses, all rows that paused at the same step go to `step_batch`
+together (one batched search), and each row's observation tokens, with exactly the chat template's glue,
+are appended to the SAME KV cache by one batched forward over just the new tokens of just those rows.
+The history is never prefilled again, and finished rows leave the batch. With `model=None` the engine is
+`ReplayEngine`: every token forced, no model run (expert demonstrations).
 
 Why this shape: TRL's tool loop re-prefills prompt + history on every tool turn and runs tools one row at
 a time; for a search agent with several searches per episode that is most of the rollout cost.
@@ -17,73 +19,32 @@ nothing; `_KVBatch.compact` squeezes padding out when it piles up. Identical pro
 copies) are prefilled once and share their cache rows, and cache layers grow in place with spare room
 instead of concatenating the whole cache on every token.
 
-Failures: a policy's bad tool call is an observation (the environment's job). If the environment itself
-raises, only the rows that paused at that step end, with termination "error" and the exception in
-`Trajectory.metadata["error"]`; the other rows go on.
-
 Sampling and the recorded logprob (the definition PPO must reproduce, see `sampling_log_probs`):
 `logits / temperature`, then top-k, then top-p (nucleus over the tempered distribution) set the removed
-tokens to -inf, then `log_softmax`. The token is drawn from that distribution with a seeded
-`torch.Generator`, and its log-probability under it is recorded. `temperature=0` means greedy; the
-recorded logprob is then the plain `log_softmax(logits)` of the argmax token.
+tokens to -inf, then `log_softmax`. The token is drawn from that distribution with one seeded
+`torch.Generator` per rollout, and its log-probability under it is recorded. `temperature=0` means
+greedy; the recorded logprob is then the plain `log_softmax(logits)` of the argmax token.
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.cache_utils import DynamicLayer
 
-from searchrl.common.trajectory import Span, Trajectory
-from searchrl.env.environment import step_batch
-from searchrl.rollout.chat import ToolGlue, inline_observation_ids, prompt_ids, tools_key
-from searchrl.rollout.stats import rollout_stats
-
-
-@dataclass
-class GenerationConfig:
-    """Sampling and length limits of a rollout."""
-
-    temperature: float = field(
-        default=1.0, metadata={"help": "Softmax temperature; 0 means greedy. Logprobs are recorded under it."}
-    )
-    top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling mass in (0, 1]; 1 disables it."})
-    top_k: int = field(default=0, metadata={"help": "Keep only the k most likely tokens; 0 disables it."})
-    max_new_tokens_per_turn: int = field(
-        default=256, metadata={"help": "A turn longer than this ends the episode with 'token_budget'."}
-    )
-    max_episode_tokens: int = field(
-        default=1024,
-        metadata={"help": "Tokens after the prompt (actions + observations); beyond it: 'token_budget'."},
-    )
-    seed: int = field(
-        default=0, metadata={"help": "Seed of the sampling generator (same seed, same rollout)."}
-    )
-    share_prompt_prefill: bool = field(
-        default=True,
-        metadata={"help": "Compute identical prompts (e.g. a GRPO group's copies) once and share the cache."},
-    )
-    compact_pad_fraction: float = field(
-        default=0.5,
-        metadata={
-            "help": "Squeeze padding out of the KV cache when more than this fraction of it is padding."
-        },
-    )
-
-    def validate(self) -> None:
-        if self.temperature < 0:
-            raise ValueError(f"temperature={self.temperature} must be >= 0 (0 = greedy)")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p={self.top_p} must be in (0, 1]")
-        if self.top_k < 0:
-            raise ValueError(f"top_k={self.top_k} must be >= 0 (0 disables top-k)")
-        if self.max_new_tokens_per_turn < 1 or self.max_episode_tokens < 1:
-            raise ValueError("max_new_tokens_per_turn and max_episode_tokens must be >= 1")
+from searchrl.rollout.loop import (
+    EngineUsage,
+    GenerationConfig,
+    RolloutBatch,
+    TokenEngine,
+    TokenForcing,
+    TurnCompletion,
+    TurnLoop,
+    TurnParams,
+)
 
 
 def sampling_log_probs(
@@ -111,16 +72,6 @@ def sampling_log_probs(
     return torch.log_softmax(scaled, dim=-1)
 
 
-class TokenForcing(Protocol):
-    """Teacher forcing hook: return a token id to emit instead of sampling, or None to sample.
-
-    The forced token's logprob is still recorded under the sampling distribution, so a forced rollout
-    is exactly what a policy that happened to sample those tokens would have produced.
-    """
-
-    def __call__(self, row: int, turn: int, position: int) -> int | None: ...
-
-
 class ScriptedPolicy:
     """Forces a scripted sequence of turns per row (tests, benchmarks, expert demonstrations).
 
@@ -144,41 +95,6 @@ class ScriptedPolicy:
             return None
         ids = self.turn_ids[row][turn]
         return ids[position] if position < len(ids) else None
-
-
-@dataclass
-class RolloutBatch:
-    """What one rollout call produced: the trajectories and the batch metrics."""
-
-    trajectories: list[Trajectory]
-    stats: dict[str, float]
-
-
-@dataclass
-class EpisodeState:
-    """One episode's state while its batch decodes (tokens, mask, logprobs, turn and budget counts); every
-    engine's loop (HFGenerator, VLLMGenerator) keeps one per row."""
-
-    index: int
-    env: Any
-    row: dict[str, Any]
-    messages: list[dict[str, Any]]
-    ids: list[int]
-    mask: list[int]
-    logprobs: list[float]
-    spans: list[Span]
-    prompt_length: int
-    glue: ToolGlue | None
-    turn_ids: list[int] = field(default_factory=list)
-    turn_index: int = 0
-    done: bool = False
-    observations: list[str] = field(default_factory=list)
-    error: str | None = None  # set when the environment itself failed
-    r1_content: str = ""  # search_r1: the one assistant message grows with actions and observations
-
-    @property
-    def episode_tokens(self) -> int:
-        return len(self.ids) - self.prompt_length
 
 
 class _GrowingLayer(DynamicLayer):
@@ -371,57 +287,148 @@ class _KVBatch:
         self.attn = torch.gather(self.attn, 1, order)
 
 
-def _cited_labels(env: Any) -> dict[str, list[str]]:
-    """The bracketed labels as the policy wrote them, when they are not the document ids (numbered sources)."""
-    labels = list(getattr(env, "cited_labels", []) or [])
-    return {"cited_labels": labels} if labels and labels != list(getattr(env, "citations", []) or []) else {}
+def _choose_tokens(logp: torch.Tensor, temperature: float, gen: torch.Generator | None) -> list[int]:
+    if temperature == 0:
+        return logp.argmax(dim=-1).tolist()
+    return torch.multinomial(logp.exp(), 1, generator=gen).squeeze(1).tolist()
 
 
-def _sync_token_count(env: Any, tokens: int) -> None:
-    # SearchEnvironment counts tokens by re-tokenising text; the rollout knows the exact count.
-    if hasattr(env, "tokens_used"):
-        env.tokens_used = int(tokens)
+class KVCacheEngine:
+    """`TokenEngine` over one batched KV cache of a Hugging Face causal LM; one engine per rollout.
 
-
-class _ReplayKV:
-    """Stands in for `_KVBatch` when there is no model: every token is forced, so nothing is computed.
-
-    The rollout loop, and with it every id, mask, span and message of the trajectory, stays the same as
-    with a model; only the recorded logprobs are meaningless (uniform). Used for expert demonstrations,
-    where running the model over forced tokens would only cost time.
+    Each `generate` call answers one token per row. The first call prefills the prompts; every later
+    call feeds what each row's sequence gained since (its last sampled token, plus an observation when
+    its turn was stepped) and drops from the cache the rows no longer asked for (finished episodes). Rows
+    are known by `TurnParams.row`. Tokens are drawn for all rows at once from one `torch.Generator`
+    seeded with `config.seed`, so a rollout repeats for the same seed; `forcing` overrides the draw
+    (its logprob is still the model's). `tokens_run` / `real_tokens_run` count the positions the model
+    computed (padding included / real tokens only).
     """
 
-    def __init__(self, vocab_size: int) -> None:
-        self.vocab_size = vocab_size
-        self.rows = 0
-        self.tokens_run = 0
-        self.real_tokens_run = 0
+    name = "hf"
 
-    def _logits(self, n: int) -> torch.Tensor:
-        return torch.zeros(n, self.vocab_size)
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        pad_id: int,
+        config: GenerationConfig,
+        forcing: TokenForcing | None = None,
+    ) -> None:
+        self.kv = _KVBatch(model, pad_id, share_prompts=config.share_prompt_prefill)
+        self.config = config
+        self.forcing = forcing
+        self.gen = torch.Generator().manual_seed(config.seed)
+        self._rows: list[int] = []  # the batch row of each cache row, in cache order
+        self._fed: dict[int, int] = {}  # per batch row: how many of its tokens the cache holds
 
-    def prefill(self, prompts: list[list[int]]) -> torch.Tensor:
-        self.rows = len(prompts)
-        return self._logits(self.rows)
+    @property
+    def tokens_run(self) -> int:
+        return self.kv.tokens_run
 
-    def append_all(self, tokens: list[int]) -> torch.Tensor:
-        return self._logits(len(tokens))
+    @property
+    def real_tokens_run(self) -> int:
+        return self.kv.real_tokens_run
 
-    def append_some(self, rows: list[int], chunks: list[list[int]]) -> torch.Tensor:
-        return self._logits(len(rows))
+    def generate(self, prompts: Sequence[list[int]], params: Sequence[TurnParams]) -> list[TurnCompletion]:
+        rows = [p.row for p in params]
+        logits = self._feed(prompts, rows)
+        logp = sampling_log_probs(logits, self.config.temperature, self.config.top_k, self.config.top_p)
+        tokens = _choose_tokens(logp, self.config.temperature, self.gen)
+        if self.forcing is not None:
+            for i, p in enumerate(params):
+                forced = self.forcing(p.row, p.turn, p.position)
+                if forced is not None:
+                    tokens[i] = int(forced)
+        chosen = torch.tensor(tokens, dtype=torch.long)
+        logps = logp.gather(1, chosen[:, None]).squeeze(1).tolist()
+        return [TurnCompletion([t], [lp]) for t, lp in zip(tokens, logps, strict=True)]
 
-    def select(self, keep: list[int]) -> None:
-        self.rows = len(keep)
+    def _feed(self, prompts: Sequence[list[int]], rows: list[int]) -> torch.Tensor:
+        """Bring the cache up to date with `prompts`; returns each row's next-token logits, in order."""
+        if self.kv.cache is None:
+            logits = self.kv.prefill([list(p) for p in prompts])
+        else:
+            logits = self._append(prompts, rows)
+        self._rows = rows
+        self._fed = {row: len(p) for row, p in zip(rows, prompts, strict=True)}
+        return logits
 
-    def compact(self, force: bool = False, threshold: float = 0.5) -> None:
-        return None
+    def _append(self, prompts: Sequence[list[int]], rows: list[int]) -> torch.Tensor:
+        where = {row: i for i, row in enumerate(self._rows)}
+        missing = [row for row in rows if row not in where]
+        if missing:
+            raise ValueError(
+                f"KVCacheEngine: rows {missing} were never prefilled (a new row needs a new engine)"
+            )
+        keep = [where[row] for row in rows]
+        if keep != list(range(len(self._rows))):
+            self.kv.select(keep)  # finished rows leave the cache
+        new = [list(p[self._fed[row] :]) for p, row in zip(prompts, rows, strict=True)]
+        if not all(new):
+            raise ValueError("KVCacheEngine: every request must continue its row with at least one new token")
+        logits = self.kv.append_all([n[0] for n in new])  # the token each row sampled last
+        grown = [i for i, n in enumerate(new) if len(n) > 1]  # and the observations inserted after it
+        if grown:
+            obs_logits = self.kv.append_some(grown, [new[i][1:] for i in grown])
+            logits = logits.clone()
+            logits[torch.tensor(grown)] = obs_logits
+        self.kv.compact(force=False, threshold=self.config.compact_pad_fraction)
+        return logits
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        raise NotImplementedError(
+            "KVCacheEngine runs the policy itself: there are no separate weights to load"
+        )
 
 
-class HFGenerator:
+class ReplayEngine:
+    """`TokenEngine` for model-free replay: every token is forced, nothing is computed.
+
+    The loop, and with it every id, mask, span and message of the trajectory, stays the same as with a
+    model; only the recorded logprobs are meaningless (those of uniform logits under the sampling
+    filters). Used for expert demonstrations, where running the model over forced tokens would only cost
+    time.
+    """
+
+    name = "replay"
+    tokens_run = 0
+    real_tokens_run = 0
+
+    def __init__(self, vocab_size: int, config: GenerationConfig, forcing: TokenForcing | None) -> None:
+        if forcing is None:
+            raise ValueError("HFGenerator(model=None) replays forced tokens only: pass a forcing hook")
+        self.forcing = forcing
+        # Uniform logits at every step: their sampling distribution is computed once.
+        self._logp = sampling_log_probs(
+            torch.zeros(1, vocab_size), config.temperature, config.top_k, config.top_p
+        )[0]
+
+    def generate(self, prompts: Sequence[list[int]], params: Sequence[TurnParams]) -> list[TurnCompletion]:
+        answers = []
+        for p in params:
+            forced = self.forcing(p.row, p.turn, p.position)
+            if forced is None:
+                raise ValueError(
+                    f"row {p.row}, turn {p.turn}: a model-free replay needs every token forced, "
+                    "but the forcing hook returned None; pass a model to sample the rest"
+                )
+            answers.append(TurnCompletion([int(forced)], [float(self._logp[int(forced)])]))
+        return answers
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        raise NotImplementedError("ReplayEngine has no model")
+
+
+class HFGenerator(TurnLoop):
     """Multi-turn rollouts of a Hugging Face causal LM against `SearchEnvironment`s (see module docstring).
 
-    With `model=None` and a `forcing` hook that forces every token, it replays scripted episodes through
-    the same loop without running any model (expert demonstrations); logprobs are then not meaningful.
+    Args:
+        model: the policy; None replays forced tokens without running a model (`ReplayEngine`, which
+            needs a `forcing` hook that forces every token; logprobs are then not meaningful).
+        tokenizer: the policy's tokenizer (pad != EOS).
+        config: sampling and length limits (`GenerationConfig`), read at every rollout.
+        forcing: a teacher-forcing hook (`ScriptedPolicy`, an expert), read at every rollout.
+        step_batch: the batched environment step (default `searchrl.env.environment.step_batch`).
     """
 
     def __init__(
@@ -432,291 +439,27 @@ class HFGenerator:
         forcing: TokenForcing | None = None,
         step_batch: Callable[[list[Any], list[str]], list[Any]] | None = None,
     ) -> None:
+        super().__init__(tokenizer, config, step_batch)
         self.model = model
-        self.tokenizer = tokenizer
-        self.config = config or GenerationConfig()
-        self.config.validate()
         self.forcing = forcing
-        self._step_batch = step_batch
-        if tokenizer.pad_token_id is None or tokenizer.pad_token_id == tokenizer.eos_token_id:
-            raise ValueError("the tokenizer needs a pad token distinct from EOS (Qwen2.5: <|endoftext|>)")
-        self.eos_id = int(tokenizer.eos_token_id)
-        self.pad_id = int(tokenizer.pad_token_id)
-        self._glues: dict[str, ToolGlue] = {}
 
-    # -- helpers -------------------------------------------------------------------------------
-    def _step(self, envs: list[Any], texts: list[str]) -> list[Any]:
-        if self._step_batch is not None:
-            return self._step_batch(envs, texts)
-        return step_batch(envs, texts)
-
-    def _safe_step(self, ended: list[tuple[EpisodeState, str]]) -> list[Any]:
-        """`step_batch` for the paused rows; if the environment raises, those rows get None (-> "error").
-
-        A policy's bad call is an observation inside the environment; this only catches the
-        environment's own bugs, so one broken episode cannot crash the whole batch."""
-        try:
-            return self._step([r.env for r, _ in ended], [text for _, text in ended])
-        except Exception as exc:  # noqa: BLE001 - any environment failure must end only these episodes
-            for r, _ in ended:
-                r.error = f"{type(exc).__name__}: {exc}"
-            return [None] * len(ended)
-
-    def _glue_for(self, tools: list[dict] | None) -> ToolGlue:
-        key = tools_key(tools)
-        if key not in self._glues:
-            self._glues[key] = ToolGlue(self.tokenizer, tools)
-        return self._glues[key]
-
-    def _decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
-
-    def _choose(
-        self, logits: torch.Tensor, rows: list[EpisodeState], gen: torch.Generator
-    ) -> tuple[list[int], list[float]]:
-        cfg = self.config
-        logp = sampling_log_probs(logits, cfg.temperature, cfg.top_k, cfg.top_p)
-        if self.model is None:
-            # A model-free replay forces every token: drawing samples to overwrite them was 37% of the
-            # expert's demonstration time (profiled on the demo).
-            tokens = [-1] * len(rows)
-        elif cfg.temperature == 0:
-            tokens = logp.argmax(dim=-1).tolist()
-        else:
-            tokens = torch.multinomial(logp.exp(), 1, generator=gen).squeeze(1).tolist()
-        if self.forcing is not None:
-            for i, r in enumerate(rows):
-                forced = self.forcing(r.index, r.turn_index, len(r.turn_ids))
-                if forced is not None:
-                    tokens[i] = int(forced)
-                elif self.model is None:
-                    raise ValueError(
-                        f"row {r.index}, turn {r.turn_index}: a model-free replay needs every token forced, "
-                        "but the forcing hook returned None; pass a model to sample the rest"
-                    )
-        elif self.model is None:
-            raise ValueError("HFGenerator(model=None) replays forced tokens only: pass a forcing hook")
-        chosen = torch.tensor(tokens, dtype=torch.long)
-        return tokens, logp.gather(1, chosen[:, None]).squeeze(1).tolist()
-
-    def _turn_end(self, r: EpisodeState, token: int) -> tuple[bool, str]:
-        """(ended, text to hand the environment) after `token` was appended to the row's turn."""
-        if token == self.eos_id:
-            return True, self._decode(r.turn_ids[:-1])
-        stops = list(getattr(r.env, "stop_strings", []) or [])
-        if stops:
-            # The stop string was absent before this token, so it ends within the last len(stop)+1 tokens.
-            window = max(len(s) for s in stops) + 1
-            tail = self._decode(r.turn_ids[-window:])
-            if any(s in tail for s in stops):
-                return True, self._decode(r.turn_ids)
-        return False, ""
-
-    def _record_action(self, r: EpisodeState, text: str) -> None:
-        start = len(r.ids) - len(r.turn_ids)
-        r.spans.append(Span("action", start, len(r.ids), text))
-        if r.glue is not None:
-            r.messages.append({"role": "assistant", "content": text})
-        else:
-            r.r1_content += self._decode(r.turn_ids)
-        r.turn_ids = []
-        r.turn_index += 1
-
-    def _finish(self, r: EpisodeState, reason: str) -> None:
-        if not getattr(r.env, "done", False):
-            r.env.finish(reason)
-        r.done = True
-
-    def _insert(self, r: EpisodeState, result: Any) -> list[int]:
-        """Observation tokens for a step result (glue included), or [] when the budget forbids them."""
-        if r.glue is not None:
-            ids = r.glue.suffix_ids(list(result.tool_messages))
-            text = "\n\n".join(str(m.get("content", "")) for m in result.tool_messages)
-        else:
-            text = str(result.inline_observation or "")
-            ids = inline_observation_ids(self.tokenizer, text)
-        if not ids:
-            return []
-        if r.episode_tokens + len(ids) >= self.config.max_episode_tokens:
-            return []
-        start = len(r.ids)
-        r.ids.extend(ids)
-        r.mask.extend([0] * len(ids))
-        r.logprobs.extend([0.0] * len(ids))
-        r.spans.append(Span("observation", start, len(r.ids), text))
-        r.observations.append(text)
-        if r.glue is not None:
-            r.messages.extend(result.tool_messages)
-        else:
-            r.r1_content += text
-        return ids
-
-    # -- the loop --------------------------------------------------------------------------------
     def rollout(self, envs: list[Any], rows: list[dict[str, Any]]) -> RolloutBatch:
-        """Run one episode per (environment, row) pair, all rows in one batch."""
-        if len(envs) != len(rows):
-            raise ValueError(
-                f"rollout needs one environment per row: got {len(envs)} envs and {len(rows)} rows"
-            )
-        if not rows:
-            return RolloutBatch([], rollout_stats([], wall_s=0.0))
-        started = time.perf_counter()
-        gen = torch.Generator().manual_seed(self.config.seed)
-        states = [self._start_row(i, env, row) for i, (env, row) in enumerate(zip(envs, rows, strict=True))]
-        kv: _KVBatch | _ReplayKV
-        if self.model is None:
-            kv = _ReplayKV(len(self.tokenizer))
-        else:
-            kv = _KVBatch(self.model, self.pad_id, share_prompts=self.config.share_prompt_prefill)
-        search_s = 0.0
+        """Run one episode per (environment, row) pair, all rows in one batch, the model in eval mode."""
         was_training = self.model is not None and self.model.training
         if self.model is not None:
             self.model.eval()
-        with torch.inference_mode():
-            live = list(states)
-            logits = kv.prefill([r.ids for r in live])
-            while live:
-                tokens, logps = self._choose(logits, live, gen)
-                ended: list[tuple[EpisodeState, str]] = []
-                for r, tok, lp in zip(live, tokens, logps, strict=True):
-                    r.ids.append(tok)
-                    r.mask.append(1)
-                    r.logprobs.append(lp)
-                    r.turn_ids.append(tok)
-                    is_end, text = self._turn_end(r, tok)
-                    if is_end:
-                        ended.append((r, text))
-                    elif len(r.turn_ids) >= self.config.max_new_tokens_per_turn or (
-                        r.episode_tokens >= self.config.max_episode_tokens
-                    ):
-                        self._record_action(r, self._decode(r.turn_ids))
-                        self._finish(r, "token_budget")
-                inserts: dict[int, list[int]] = {}
-                if ended:
-                    seconds, inserts = self._step_ended(ended)
-                    search_s += seconds
-                logits = self._advance(kv, live, tokens, inserts)
-                live = [r for r in live if not r.done]
-        if was_training:
-            self.model.train()
-        wall = time.perf_counter() - started
-        trajectories = [self._trajectory(r) for r in states]
-        stats = rollout_stats(
-            trajectories,
-            wall_s=wall,
-            search_s=search_s,
-            model_tokens=kv.tokens_run,
-            model_real_tokens=kv.real_tokens_run,
-        )
-        return RolloutBatch(trajectories, stats)
+        try:
+            with torch.inference_mode():
+                return super().rollout(envs, rows)
+        finally:
+            if was_training:
+                self.model.train()
 
-    def _step_ended(self, ended: list[tuple[EpisodeState, str]]) -> tuple[float, dict[int, list[int]]]:
-        """One batched environment step for every row whose turn ended (every engine's loop calls it).
+    def _engine(self) -> TokenEngine:
+        if self.model is None:
+            return ReplayEngine(len(self.tokenizer), self.config, self.forcing)
+        return KVCacheEngine(self.model, self.pad_id, self.config, self.forcing)
 
-        Records each action; a row whose environment failed ends with "error" (the others go on), a
-        finished one is done, one whose observation does not fit ends with "token_budget". Returns the
-        step's seconds and the observation ids inserted per row index (the KV cache feeds them next).
-        """
-        for r, _ in ended:
-            # The environment's budget starts from the exact count before this turn; it adds its own
-            # estimate of the turn and observation on top.
-            _sync_token_count(r.env, r.episode_tokens - len(r.turn_ids))
-        t0 = time.perf_counter()
-        results = self._safe_step(ended)
-        seconds = time.perf_counter() - t0
-        inserts: dict[int, list[int]] = {}
-        for (r, text), res in zip(ended, results, strict=True):
-            self._record_action(r, text)
-            if res is None:  # the environment itself failed: only this row ends
-                self._finish(r, "error")
-                continue
-            if res.done:
-                r.done = True
-                continue
-            ids = self._insert(r, res)
-            if ids:
-                inserts[r.index] = ids
-                _sync_token_count(r.env, r.episode_tokens)
-            else:
-                self._finish(r, "token_budget")
-        return seconds, inserts
-
-    def _advance(
-        self,
-        kv: _KVBatch | _ReplayKV,
-        live: list[EpisodeState],
-        tokens: list[int],
-        inserts: dict[int, list[int]],
-    ) -> torch.Tensor:
-        """Feed this step's tokens of the rows still running; returns their next-token logits, in order."""
-        keep = [i for i, r in enumerate(live) if not r.done]
-        if not keep:
-            return torch.empty(0)
-        if len(keep) < len(live):
-            kv.select(keep)
-        running = [live[i] for i in keep]
-        logits = kv.append_all([tokens[i] for i in keep])
-        with_obs = [i for i, r in enumerate(running) if r.index in inserts]
-        if with_obs:
-            obs_logits = kv.append_some(with_obs, [inserts[running[i].index] for i in with_obs])
-            logits = logits.clone()
-            logits[torch.tensor(with_obs)] = obs_logits
-        kv.compact(force=False, threshold=self.config.compact_pad_fraction)
-        return logits
-
-    def _start_row(self, index: int, env: Any, row: dict[str, Any]) -> EpisodeState:
-        messages = [dict(m) for m in env.reset(row)]
-        tools = list(getattr(env, "tools", []) or [])
-        ids = prompt_ids(self.tokenizer, messages, tools)
-        protocol = getattr(getattr(env, "config", None), "protocol", "chat")
-        glue = self._glue_for(tools) if protocol == "chat" else None
-        return EpisodeState(
-            index=index,
-            env=env,
-            row=row,
-            messages=messages,
-            ids=list(ids),
-            mask=[0] * len(ids),
-            logprobs=[0.0] * len(ids),
-            spans=[Span("prompt", 0, len(ids), "")],
-            prompt_length=len(ids),
-            glue=glue,
-        )
-
-    def _trajectory(self, r: EpisodeState) -> Trajectory:
-        env = r.env
-        messages = list(r.messages)
-        if r.glue is None and r.turn_index:
-            messages.append({"role": "assistant", "content": r.r1_content})
-        cfg = self.config
-        return Trajectory(
-            id=f"{r.row.get('id', r.index)}#{r.index}",
-            question_id=str(r.row.get("id", r.index)),
-            question=str(r.row.get("question", "")),
-            golds=list(r.row.get("golds", []) or []),
-            input_ids=list(r.ids),
-            action_mask=list(r.mask),
-            logprobs=list(r.logprobs),
-            prompt_length=r.prompt_length,
-            spans=list(r.spans),
-            messages=messages,
-            tool_calls=list(getattr(env, "records", []) or []),
-            observations=list(r.observations),
-            retrieved=dict(getattr(env, "retrieved", {}) or {}),
-            answer=getattr(env, "answer", None),
-            citations=list(getattr(env, "citations", []) or []),
-            final_text=str(getattr(env, "final_text", "") or ""),
-            num_turns=r.turn_index,
-            termination=str(getattr(env, "termination", None) or "no_answer"),
-            metadata={
-                "temperature": cfg.temperature,
-                "top_p": cfg.top_p,
-                "top_k": cfg.top_k,
-                "seed": cfg.seed,
-                "protocol": "chat" if r.glue is not None else "search_r1",
-                "tools": list(getattr(env, "tools", []) or []),
-                "injection_attempts": int(getattr(env, "injection_attempts", 0) or 0),
-                **({"error": r.error} if r.error else {}),
-                **_cited_labels(env),
-            },
-        )
+    def _model_tokens(self, engine: TokenEngine, usage: EngineUsage) -> tuple[int, int]:
+        assert isinstance(engine, KVCacheEngine | ReplayEngine)
+        return engine.tokens_run, engine.real_tokens_run

@@ -1,4 +1,4 @@
-"""Multi-turn rollouts on vLLM: the same loop, stopping rules and `Trajectory` as `HFGenerator`.
+"""Multi-turn rollouts on vLLM: the turn loop of `loop.TurnLoop` over a `VLLMEngine`.
 
 What: `VLLMGenerator(policy, tokenizer, GenerationConfig(...)).rollout(envs, rows)` returns the
 `RolloutBatch` that `HFGenerator.rollout` returns, but the tokens come from an inference engine that
@@ -6,24 +6,24 @@ holds its own copy of the weights. Token in, token out: every request is the row
 token ids (prompt, sampled tokens, inserted observation tokens), every answer is token ids with the
 sampled token's logprob (`SamplingParams(logprobs=0)`); no text is re-tokenised.
 
-How one batch runs:
+How one batch runs (the loop is `HFGenerator`'s; only the engine answers whole turns):
 
 1. All live rows are sent to the engine in one `generate` call. Each asks for at most the tokens its
    turn and episode budgets leave, and stops on EOS (and, for Search-R1, on its stop strings).
-2. Each answer is scanned token by token with `HFGenerator`'s own stopping code (`_turn_end`, the
-   budget checks): the turn ends exactly where `HFGenerator` would have ended it. The engine's stop is
-   only an early exit: tokens it produced past our stop are dropped, and a row the engine stopped
-   short (a stop it saw that we do not count) simply goes on in the next call.
+2. The loop reads each answer token by token with its one stopping rule: the turn ends exactly where
+   `HFGenerator` ends it. The engine's stop is only an early exit: tokens it produced past our stop are
+   dropped, and a row the engine stopped short (a stop it saw that we do not count) goes on in the next
+   call.
 3. All rows whose turn ended in this call go to `step_batch` together: one batched search per round.
 4. Observation tokens (with exactly the chat template's glue) are appended to the row's ids with
    action mask 0; the next call re-submits the grown history. With prefix caching on
    (`enable_prefix_caching=True`) the engine finds the earlier blocks in its cache, so the history is
    not prefilled again; `rollout/prefix_cache_hit_rate` says how much was found.
 
-Why a small adapter (`TokenEngine`): every vLLM call sits in `VLLMEngine`, so the turn loop, stopping
-and trajectory assembly run on CPU against `HFTokenEngine`, which answers the same requests with a
-Hugging Face model (real forward passes, a real prefix cache of KV states). CPU tests compare its
-trajectories with `HFGenerator`'s token for token.
+Why an engine protocol (`loop.TokenEngine`): every vLLM call sits in `VLLMEngine`, so the loop runs on
+CPU against `HFTokenEngine`, which answers the same requests with a Hugging Face model (real forward
+passes, a real prefix cache of KV states). CPU tests compare its trajectories with `HFGenerator`'s token
+for token.
 
 Weights: the engine does not see the optimizer's updates. `sync_weights(model)` pushes the policy's
 parameters into it the way TRL 1.16's vLLM colocate mode does
@@ -41,76 +41,26 @@ import importlib.util
 import os
 import socket
 import tempfile
-import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from searchrl.common.config import ConfigError
-from searchrl.rollout.generator import (
-    EpisodeState,
+from searchrl.rollout.generator import sampling_log_probs
+from searchrl.rollout.loop import (
+    EngineUsage,
     GenerationConfig,
-    HFGenerator,
     RolloutBatch,
+    TokenEngine,
     TokenForcing,
-    sampling_log_probs,
+    TurnCompletion,
+    TurnLoop,
+    TurnParams,
 )
-from searchrl.rollout.stats import rollout_stats
-
-# -------------------------------------------------------------------------------------------------
-# The engine adapter: what the turn loop needs from an inference engine
-# -------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class TurnParams:
-    """Sampling settings of one request (the fields of vLLM's `SamplingParams` the loop uses).
-
-    `row`, `turn` and `position` say where the request continues (row index in the batch, assistant
-    turn, tokens of that turn already sampled); vLLM ignores them, `HFTokenEngine` uses them for its
-    optional teacher forcing.
-    """
-
-    max_tokens: int
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    seed: int = 0
-    stop_token_ids: list[int] = field(default_factory=list)
-    stop: list[str] = field(default_factory=list)
-    row: int = 0
-    turn: int = 0
-    position: int = 0
-
-
-@dataclass
-class TurnCompletion:
-    """The engine's answer to one request: sampled ids, their logprobs, prompt tokens found cached."""
-
-    token_ids: list[int]
-    logprobs: list[float]
-    cached_tokens: int = 0
-    finish_reason: str | None = None
-
-
-class TokenEngine(Protocol):
-    """An inference engine driven by token ids (vLLM on a GPU, `HFTokenEngine` on CPU)."""
-
-    name: str
-
-    def generate(self, prompts: Sequence[list[int]], params: Sequence[TurnParams]) -> list[TurnCompletion]:
-        """One completion per prompt, in order, each stopping at its `max_tokens` or a stop."""
-        ...
-
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Replace the engine's weights by these (Hugging Face parameter names) and drop cached KV."""
-        ...
-
 
 # -------------------------------------------------------------------------------------------------
 # Availability and weights
@@ -456,7 +406,7 @@ class VLLMEngine:
 # -------------------------------------------------------------------------------------------------
 
 
-class VLLMGenerator(HFGenerator):
+class VLLMGenerator(TurnLoop):
     """Multi-turn rollouts with the same interface and trajectories as `HFGenerator` (module docstring).
 
     Args:
@@ -479,7 +429,8 @@ class VLLMGenerator(HFGenerator):
         auto_sync: bool = True,
         **engine_kwargs: Any,
     ) -> None:
-        super().__init__(model, tokenizer, config, forcing=None, step_batch=step_batch)
+        super().__init__(tokenizer, config, step_batch)
+        self.model = model
         self.auto_sync = auto_sync
         self.weight_syncs = 0
         started_from_base = False
@@ -507,121 +458,27 @@ class VLLMGenerator(HFGenerator):
         self.weight_syncs += 1
         self._synced_version = weights_version(model)
 
-    # -- the loop ---------------------------------------------------------------------------------
-    def _seed(self, r: EpisodeState) -> int:
-        # One sampling stream per (run seed, row, turn, position): rollouts repeat for the same seed.
-        key = (self.config.seed * 1_000_003 + r.index * 10_007 + r.turn_index * 101 + len(r.turn_ids)) % (
-            2**31
-        )
-        return int(key)
-
-    def _params(self, r: EpisodeState, room: int) -> TurnParams:
-        cfg = self.config
-        return TurnParams(
-            max_tokens=room,
-            temperature=cfg.temperature,
-            top_p=cfg.top_p,
-            top_k=cfg.top_k,
-            seed=self._seed(r),
-            stop_token_ids=[self.eos_id],
-            stop=list(getattr(r.env, "stop_strings", []) or []),
-            row=r.index,
-            turn=r.turn_index,
-            position=len(r.turn_ids),
-        )
-
-    def _room(self, r: EpisodeState) -> int:
-        """Most tokens this row may sample in the next call: the turn, episode and context budgets."""
-        cfg = self.config
-        room = min(cfg.max_new_tokens_per_turn - len(r.turn_ids), cfg.max_episode_tokens - r.episode_tokens)
-        max_len = getattr(self.engine, "max_model_len", None)
-        if max_len is not None:
-            room = min(room, int(max_len) - len(r.ids))
-        return room
-
-    def _consume(self, r: EpisodeState, out: TurnCompletion) -> tuple[bool, str, int]:
-        """Append the answer's tokens up to where HFGenerator stops; (turn ended, its text, dropped)."""
-        if len(out.logprobs) != len(out.token_ids):
-            raise RuntimeError(
-                f"engine answer for row {r.index}: {len(out.token_ids)} tokens but {len(out.logprobs)} logprobs"
-            )
-        for k, (tok, lp) in enumerate(zip(out.token_ids, out.logprobs, strict=True)):
-            r.ids.append(int(tok))
-            r.mask.append(1)
-            r.logprobs.append(float(lp))
-            r.turn_ids.append(int(tok))
-            is_end, text = self._turn_end(r, int(tok))
-            dropped = len(out.token_ids) - k - 1
-            if is_end:
-                return True, text, dropped
-            if len(r.turn_ids) >= self.config.max_new_tokens_per_turn or (
-                r.episode_tokens >= self.config.max_episode_tokens
-            ):
-                self._record_action(r, self._decode(r.turn_ids))
-                self._finish(r, "token_budget")
-                return False, "", dropped
-        return False, "", 0
-
+    # -- the loop's engine and metrics -----------------------------------------------------------
     def rollout(self, envs: list[Any], rows: list[dict[str, Any]]) -> RolloutBatch:
         """Run one episode per (environment, row) pair; the same contract as `HFGenerator.rollout`."""
-        if len(envs) != len(rows):
-            raise ValueError(
-                f"rollout needs one environment per row: got {len(envs)} envs and {len(rows)} rows"
-            )
-        if not rows:
-            return RolloutBatch([], rollout_stats([], wall_s=0.0))
-        if self.auto_sync and self.model is not None and weights_version(self.model) != self._synced_version:
+        stale = self.model is not None and weights_version(self.model) != self._synced_version
+        if rows and self.auto_sync and stale:
             self.sync_weights(self.model)
-        started = time.perf_counter()
-        states = [self._start_row(i, env, row) for i, (env, row) in enumerate(zip(envs, rows, strict=True))]
-        search_s = 0.0
-        computed = submitted = cached_total = calls = dropped_total = 0
-        live = list(states)
-        while live:
-            asking: list[tuple[EpisodeState, int]] = []
-            for r in live:
-                room = self._room(r)
-                if room >= 1:
-                    asking.append((r, room))
-                    continue
-                # The context is full (max_model_len): end like any other token budget.
-                if r.turn_ids:
-                    self._record_action(r, self._decode(r.turn_ids))
-                self._finish(r, "token_budget")
-            if asking:
-                prompts = [list(r.ids) for r, _ in asking]
-                answers = self.engine.generate(prompts, [self._params(r, room) for r, room in asking])
-                calls += 1
-                if len(answers) != len(asking):
-                    raise RuntimeError(f"engine returned {len(answers)} answers for {len(asking)} prompts")
-                ended: list[tuple[EpisodeState, str]] = []
-                for (r, _), prompt, out in zip(asking, prompts, answers, strict=True):
-                    if not out.token_ids:
-                        raise RuntimeError(f"engine returned no token for row {r.index}")
-                    submitted += len(prompt)
-                    cached_total += out.cached_tokens
-                    # Positions the engine ran: uncached prompt tokens plus every sampled token but the
-                    # last (nothing follows it in this call).
-                    computed += len(prompt) - out.cached_tokens + len(out.token_ids) - 1
-                    is_end, text, dropped = self._consume(r, out)
-                    dropped_total += dropped
-                    if is_end:
-                        ended.append((r, text))
-                if ended:
-                    search_s += self._step_ended(ended)[0]  # HFGenerator's environment step
-            live = [r for r in live if not r.done]
-        wall = time.perf_counter() - started
-        trajectories = [self._trajectory(r) for r in states]
-        for t in trajectories:
+        batch = super().rollout(envs, rows)
+        for t in batch.trajectories:
             t.metadata["engine"] = getattr(self.engine, "name", type(self.engine).__name__)
-        stats = rollout_stats(
-            trajectories, wall_s=wall, search_s=search_s, model_tokens=computed, model_real_tokens=computed
-        )
-        stats["rollout/engine_calls"] = float(calls)
-        stats["rollout/prefix_cache_hit_rate"] = cached_total / submitted if submitted else 0.0
-        stats["rollout/dropped_engine_tokens"] = float(dropped_total)
-        stats["rollout/weight_syncs"] = float(self.weight_syncs)
-        return RolloutBatch(trajectories, stats)
+        return batch
+
+    def _engine(self) -> TokenEngine:
+        return self.engine
+
+    def _engine_stats(self, usage: EngineUsage) -> dict[str, float]:
+        return {
+            "rollout/engine_calls": float(usage.calls),
+            "rollout/prefix_cache_hit_rate": usage.cached / usage.submitted if usage.submitted else 0.0,
+            "rollout/dropped_engine_tokens": float(usage.dropped),
+            "rollout/weight_syncs": float(self.weight_syncs),
+        }
 
 
 # -------------------------------------------------------------------------------------------------
