@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -475,31 +474,23 @@ def run_env_config(run_dir: str | Path | None, config: Any) -> Any:
 
 
 def open_search(config: Any, index_dir: str | Path | None) -> Any:
-    """The backend of a run (its index dir or search URL), or of `index_dir` when given."""
-    from searchrl.search.index import load_index
+    """The backend of a run (its index dir or search URL), or of `index_dir` when given: the search room's
+    one opener (`searchrl.search.index.open_backend`) on the run's search settings."""
+    from searchrl.search.index import SearchConfig, open_backend
 
-    if index_dir is not None:
-        if not Path(index_dir).is_dir():
-            raise FileNotFoundError(
-                f"--index {index_dir}: no such folder; pass a folder built by `searchrl index`, or --corpus FILE "
-                "(rows with id, title, contents) to index one for this evaluation"
-            )
-        return load_index(index_dir)
-    url = getattr(config, "search_url", None) if config is not None else None
-    if url and getattr(config, "search_backend", "http") == "http":
-        from searchrl.search.client import HTTPBackend
-
-        return HTTPBackend(
-            url,
-            read_timeout=config.search_timeout_s,
-            token=os.environ.get("SEARCHRL_SERVE_TOKEN"),
+    if index_dir is not None and not Path(index_dir).is_dir():
+        raise FileNotFoundError(
+            f"--index {index_dir}: no such folder; pass a folder built by `searchrl index`, or --corpus FILE "
+            "(rows with id, title, contents) to index one for this evaluation"
         )
-    if config is not None and config.index_dir:
-        return load_index(config.index_dir)
-    raise FileNotFoundError(
-        "no search index: the run config names no index_dir and --index was not given; build one with "
-        "`searchrl index --corpus FILE --out DIR` and pass --index DIR, or pass --corpus FILE"
-    )
+    if index_dir is None and (
+        config is None or not (config.index_dir or getattr(config, "search_url", None))
+    ):
+        raise FileNotFoundError(
+            "no search index: the run config names no index_dir and --index was not given; build one with "
+            "`searchrl index --corpus FILE --out DIR` and pass --index DIR, or pass --corpus FILE"
+        )
+    return open_backend(SearchConfig.of_run(config, index=index_dir))
 
 
 def _resolve_model(

@@ -912,21 +912,6 @@ def resume_state(cfg: GRPORunConfig, run: RunDir) -> tuple[Path, dict[str, Any]]
     return checkpoint, saved
 
 
-def open_search_backend(cfg: GRPORunConfig) -> Backend:
-    """The run's search engine: a local index directory or a `searchrl serve` URL."""
-    if cfg.index_dir:
-        from searchrl.search.index import load_index
-
-        return load_index(cfg.index_dir)
-    if cfg.search_url:
-        from searchrl.search.client import HTTPBackend
-
-        return HTTPBackend(cfg.search_url, token=os.environ.get("SEARCHRL_SERVE_TOKEN"))
-    raise ConfigError(
-        "no search backend: set index_dir (from `searchrl index`) or search_url (`searchrl serve`)"
-    )
-
-
 def run_grpo(cfg: GRPORunConfig, resume: bool = False) -> Path:
     """Train GRPO as `cfg` says and return the run directory (what the demo's side-by-side reads).
 
@@ -936,6 +921,7 @@ def run_grpo(cfg: GRPORunConfig, resume: bool = False) -> Path:
     """
     from searchrl.data.datasets import load_qa
     from searchrl.models.tiny import load_policy, load_tokenizer
+    from searchrl.search.index import SearchConfig, open_backend
 
     if not cfg.policy_model_path:
         raise ConfigError(
@@ -947,7 +933,7 @@ def run_grpo(cfg: GRPORunConfig, resume: bool = False) -> Path:
     tokenizer = load_tokenizer(cfg.tokenizer_path or cfg.policy_model_path)
     model = load_policy(cfg.policy_model_path)
     model.train()
-    backend = open_search_backend(cfg)
+    backend = open_backend(SearchConfig.of_run(cfg))
     rubric = load_rubric(cfg.reward_config_path) if cfg.reward_config_path else default_rubric()
     train_rows = load_qa(cfg.train_file)
     eval_rows = load_qa(cfg.dev_file) if cfg.dev_file else None
