@@ -153,6 +153,13 @@ class RunDir:
     def write_manifest(self, manifest: dict) -> None:
         atomic_write_json(self.manifest, manifest)
 
+    def write_eval(self, step: int, record: dict[str, Any]) -> Path:
+        """`eval/step-N.json`, the same shape for every trainer: `{"step": N, "episode", "time/train_s",
+        "time/elapsed_s", "eval/exact_match", "eval/f1", "eval/searches_per_question", "eval/reward"}`."""
+        path = self.eval / f"step-{step}.json"
+        atomic_write_json(path, {"step": step, **record})
+        return path
+
     def truncate_after(self, step: int) -> None:
         """Resume's clean-up, the same for every trainer: drop what a killed run wrote after `step`.
 

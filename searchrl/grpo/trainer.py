@@ -56,7 +56,7 @@ from searchrl.common.trajectory import Span, ToolCallRecord, Trajectory, write_t
 from searchrl.env.environment import EnvConfig, SearchEnvironment
 from searchrl.env.protocol import parse_turn
 from searchrl.env.trl_adapter import SearchToolEnv
-from searchrl.evaluation.evaluate import dev_metrics, generation_config_from_ppo
+from searchrl.evaluation.evaluate import evaluate_during_training, generation_config_from_ppo
 from searchrl.grpo.config import GRPORunConfig
 from searchrl.models.forward_patches import remove_trainer_forward_patches, shares_storage
 from searchrl.rewards.combine import Rubric, default_rubric, load_rubric, mean_breakdown
@@ -520,47 +520,6 @@ class RubricReward:
 
 
 # ---------------------------------------------------------------------------------------------
-# Evaluation: the same greedy dev rollout as PPOTrainer.evaluate, with our engine for both modes
-# ---------------------------------------------------------------------------------------------
-
-
-class DevEvaluator:
-    """EM / F1 / searches / reward on dev rows with our engine; writes `RUN/eval/step-N.json`."""
-
-    def __init__(
-        self,
-        run: RunDir,
-        tokenizer: Any,
-        env_factory: Callable[[], SearchEnvironment],
-        rows: Sequence[dict[str, Any]],
-        rubric: Rubric,
-        generation_config: GenerationConfig,
-        batch_size: int,
-    ) -> None:
-        self.run = run
-        self.tokenizer = tokenizer
-        self.env_factory = env_factory
-        self.rows = [{k: r[k] for k in ROW_COLUMNS if k in r} for r in rows]
-        self.rubric = rubric
-        self.generation_config = generation_config
-        self.batch_size = batch_size
-
-    @torch.no_grad()
-    def __call__(self, model: Any, step: int, extra: dict[str, float] | None = None) -> dict[str, float]:
-        if not self.rows:
-            return {}
-        trajs: list[Trajectory] = []
-        for i in range(0, len(self.rows), self.batch_size):
-            chunk = self.rows[i : i + self.batch_size]
-            config = replace(self.generation_config, seed=self.generation_config.seed + i)
-            generator = HFGenerator(model, self.tokenizer, config)
-            trajs.extend(generator.rollout([self.env_factory() for _ in chunk], chunk).trajectories)
-        out = dev_metrics(trajs, self.rubric)
-        atomic_write_json(self.run.eval / f"step-{step}.json", {"step": step, **(extra or {}), **out})
-        return out
-
-
-# ---------------------------------------------------------------------------------------------
 # The run directory: metrics.jsonl, eval/, trajectories/, checkpoints/ (the PPO trainer's layout)
 # ---------------------------------------------------------------------------------------------
 
@@ -579,11 +538,17 @@ class RunDirCallback(TrainerCallback):
     continue from the checkpoint's values.
     """
 
-    def __init__(self, cfg: GRPORunConfig, run: RunDir, reward: RubricReward, evaluator: DevEvaluator | None):
+    def __init__(
+        self,
+        cfg: GRPORunConfig,
+        run: RunDir,
+        reward: RubricReward,
+        evaluate: Callable[[Any], dict[str, float]] | None,
+    ):
         self.cfg = cfg
         self.run = run
         self.reward = reward
-        self.evaluator = evaluator
+        self.evaluate = evaluate  # model -> dev metrics (`evaluate_during_training` on the dev rows)
         self.trainer: SearchGRPOTrainer | None = None
         self.rollout: EngineRollout | None = None  # our_rollout: its batch counter seeds the sampling
         self.resume_state: dict[str, Any] | None = None
@@ -600,13 +565,14 @@ class RunDirCallback(TrainerCallback):
         return self.trainer.accelerator.unwrap_model(self.trainer.model)
 
     def _evaluate(self, step: int) -> None:
-        if self.evaluator is None:
+        if self.evaluate is None:
             return
         model = self._model()
         was_training = model.training
         with self.training_clock.evaluating() as clock:
-            results = self.evaluator(model, step, extra={"episode": self.reward.episodes, **clock})
+            results = self.evaluate(model)
         model.train(was_training)
+        self.run.write_eval(step, {"episode": self.reward.episodes, **clock, **results})
         self.pending_eval.update(results)
 
     # -- events -----------------------------------------------------------------------------------
@@ -796,18 +762,27 @@ def build_grpo_trainer(
         return SearchEnvironment(backend, env_config, tokenizer=tokenizer)
 
     reward = RubricReward(rubric, tokenizer)
-    evaluator = None
+    evaluate = None
     if eval_rows and (cfg.eval_steps or cfg.eval_on_start):
-        evaluator = DevEvaluator(
-            run,
-            tokenizer,
-            search_env,
-            list(eval_rows)[: cfg.num_eval_questions],
-            rubric,
-            generation_config_for(cfg, temperature=cfg.eval_temperature),
-            cfg.eval_batch_size,
-        )
-    run_callback = RunDirCallback(cfg, run, reward, evaluator)
+        dev_rows = [
+            {k: r[k] for k in ROW_COLUMNS if k in r} for r in list(eval_rows)[: cfg.num_eval_questions]
+        ]
+        eval_config = generation_config_for(cfg, temperature=cfg.eval_temperature)
+
+        def evaluate(model: Any) -> dict[str, float]:
+            # The dev loop every trainer shares, with our engine in both modes, at eval_temperature.
+            return evaluate_during_training(
+                model,
+                tokenizer,
+                dev_rows,
+                search_env,
+                eval_config,
+                rubric=rubric,
+                batch_size=cfg.eval_batch_size,
+                seed=eval_config.seed,
+            )
+
+    run_callback = RunDirCallback(cfg, run, reward, evaluate)
     mode_kwargs: dict[str, Any]
     if cfg.mode == "trl_loop":
         mode_kwargs = {"environment_factory": tool_env_factory(backend, env_config, tokenizer)}

@@ -42,7 +42,7 @@ import math
 import random
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -735,7 +735,8 @@ class PPOTrainer:
     # evaluation on held-out rows (same prompt, retriever, decoding and answer extraction as offline eval)
     # -----------------------------------------------------------------------------------------
     def evaluate(self, rows: list[dict] | None = None, seed: int = 0) -> dict[str, float]:
-        """Dev evaluation at `eval_temperature`; writes `RUN/eval/step-N.json` with `episode` and the clocks.
+        """Dev evaluation at `eval_temperature` (`evaluate_during_training`, the loop every trainer and
+        `searchrl eval` share); writes `RUN/eval/step-N.json` with `episode` and the clocks.
 
         Its time does not count as training time (`time/train_s`); callbacks get `on_evaluate`.
         """
@@ -746,23 +747,40 @@ class PPOTrainer:
         with self.training_clock.evaluating() as clock:
             out = self._evaluate_rows(rows, seed)
         if self.is_main:  # every rank evaluates the same rows with the same weights and seeds
-            atomic_write_json(
-                self.run.eval / f"step-{self.global_step}.json",
-                {"step": self.global_step, "episode": self.episode, **clock, **out},
-            )
+            self.run.write_eval(self.global_step, {"episode": self.episode, **clock, **out})
         self._callback("on_evaluate", metrics=out)
         return out
 
     @torch.no_grad()
     def _evaluate_rows(self, rows: list[dict], seed: int) -> dict[str, float]:
-        from searchrl.evaluation.evaluate import dev_metrics
+        from searchrl.evaluation.evaluate import evaluate_during_training
 
-        trajs: list[Trajectory] = []
-        bs = self.args.local_batch_size
-        for i in range(0, len(rows), bs):
-            t, _ = self.rollout(rows[i : i + bs], seed=seed + i, temperature=self.args.eval_temperature)
-            trajs.extend(t)
-        return dev_metrics(trajs, self.rubric)
+        saved = self.generator.config
+
+        def own_engine(model: Any, tokenizer: Any, config: GenerationConfig) -> Any:
+            # The trainer's own engine (HF or vLLM) at the evaluation's settings.
+            self.generator.config = config
+            return self.generator
+
+        try:
+            with contextlib.ExitStack() as stack:
+                if self.uses_deepspeed:  # ZeRO-3: gather the weights for generation (NOT run here)
+                    from trl.models import unwrap_model_for_generation
+
+                    stack.enter_context(unwrap_model_for_generation(self.wrapped_model, self.accelerator))
+                return evaluate_during_training(
+                    self.policy,
+                    self.tokenizer,
+                    rows,
+                    self.env_factory,
+                    replace(saved, temperature=self.args.eval_temperature),
+                    rubric=self.rubric,
+                    batch_size=self.args.local_batch_size,
+                    seed=seed,
+                    generator_factory=own_engine,
+                )
+        finally:
+            self.generator.config = saved
 
     def _evaluate_on_start(self) -> None:
         """`eval_on_start`: the starting policy measured before the first update, as `eval/step-0.json` and
