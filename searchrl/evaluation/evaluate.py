@@ -358,28 +358,40 @@ def evaluate_during_training(
     rubric: Any = None,
     batch_size: int = 16,
     seed: int = 0,
-    generator_factory: GeneratorFactory | None = None,
+    generator: Any = None,
 ) -> dict[str, float]:
     """The periodic dev evaluation of every trainer (`PPOTrainer.evaluate`, GRPO's run callback).
 
     `evaluate_policy` at the generation config's own temperature (the run's `eval_temperature`, so the
     training-time curve and a later `searchrl eval --temperature` agree), reduced to `dev_metrics`. The
-    caller writes `RUN/eval/step-N.json` (`RunDir.write_eval`) and keeps the clock.
+    caller writes `RUN/eval/step-N.json` (`RunDir.write_eval`) and keeps the clock. `generator` reuses a
+    trainer's own rollout engine (HF or vLLM, its weights in sync): its `config` is set for each chunk and
+    restored afterwards; without one each chunk gets a fresh `HFGenerator`.
     """
-    # One resample: the per-step line needs the means only, not `summarise`'s intervals.
-    result = evaluate_policy(
-        policy,
-        tokenizer,
-        rows,
-        env_factory,
-        generation_config,
-        rubric=rubric,
-        batch_size=batch_size,
-        seed=seed,
-        n_resamples=1,
-        generator_factory=generator_factory,
-        decode_greedy=False,
-    )
+    saved = generator.config if generator is not None else None
+
+    def own_engine(model: Any, tok: Any, config: GenerationConfig) -> Any:
+        generator.config = config
+        return generator
+
+    try:
+        # One resample: the per-step line needs the means only, not `summarise`'s intervals.
+        result = evaluate_policy(
+            policy,
+            tokenizer,
+            rows,
+            env_factory,
+            generation_config,
+            rubric=rubric,
+            batch_size=batch_size,
+            seed=seed,
+            n_resamples=1,
+            generator_factory=own_engine if generator is not None else None,
+            decode_greedy=False,
+        )
+    finally:
+        if generator is not None:
+            generator.config = saved
     return dev_metrics(result.trajectories)
 
 
