@@ -14,6 +14,7 @@ from transformers.utils import get_json_schema
 from searchrl.env.environment import EnvConfig
 from searchrl.env.trl_adapter import SearchToolEnv, make_environment_factory
 from searchrl.search.base import Hit, SearchUnavailable
+from searchrl.search.index import IndexFormatError
 
 DOCS = [
     ("d1", "Paris", "Paris is the capital of France."),
@@ -111,8 +112,12 @@ def test_factory_from_an_index_directory(tmp_path) -> None:
     env.reset(prompt=[{"role": "user", "content": "q"}])
     assert env.search("capital of Germany").startswith("[1] (id: d2) Berlin")
     assert factory().environment.backend is env.environment.backend  # one index shared by the pool
-    with pytest.raises(FileNotFoundError, match="no meta.json"):
+    # An index directory opens through the search room's one opener, which says what is wrong.
+    with pytest.raises(IndexFormatError, match="index directory not found"):
         make_environment_factory(tmp_path / "nowhere")
+    (tmp_path / "half").mkdir()
+    with pytest.raises(IndexFormatError, match="no meta.json"):
+        make_environment_factory(tmp_path / "half")
     with pytest.raises(TypeError, match="Backend"):
         make_environment_factory(42)  # type: ignore[arg-type]
 

@@ -7,6 +7,7 @@ user runs it. Scripted turns are forced through the engine where the test needs 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import tempfile
 from pathlib import Path
@@ -25,6 +26,7 @@ from searchrl.env.environment import SearchEnvironment
 from searchrl.env.protocol import format_answer, format_tool_call
 from searchrl.evaluation.evaluate import (
     env_config_from_ppo,
+    evaluate_during_training,
     evaluate_policy,
     evaluate_run,
     generation_config_from_ppo,
@@ -109,6 +111,36 @@ def test_evaluate_policy_scores_forced_expert_and_wrong_answers(world):
     assert all(t.reward is not None for t in trajs) and "reward" in result.summary
     assert result.generation_config["temperature"] == 0.0  # greedy, whatever the training temperature
     assert result.metrics()["eval/exact_match"] == pytest.approx(0.5)
+
+
+def test_the_dev_loop_both_trainers_run_samples_each_chunk_with_its_own_seed(world):
+    """`evaluate_during_training` (PPOTrainer.evaluate, GRPO's run callback): `evaluate_policy` at the
+    run's evaluation temperature, the chunk starting at row i seeded `seed + i`, reduced to the dev line."""
+    rows = world["task"].splits["dev"][:4]
+    tok, cfg = world["tok"], world["config"]
+    policy = build_policy(tok, TINY)
+    env_cfg = env_config_from_ppo(cfg)
+
+    def env():
+        return SearchEnvironment(world["backend"], env_cfg, tokenizer=tok)
+
+    config = dataclasses.replace(generation_config_from_ppo(cfg), temperature=1.0, max_new_tokens_per_turn=8)
+    seeds = []
+
+    def engine(model, tokenizer, c):
+        seeds.append((c.seed, c.temperature))
+        return HFGenerator(model, tokenizer, c)
+
+    kwargs = {"rubric": default_rubric(), "batch_size": 2, "seed": 7}
+    line = evaluate_during_training(policy, tok, rows, env, config, generator_factory=engine, **kwargs)
+    assert seeds == [(7, 1.0), (9, 1.0)]  # sampled at the given temperature, not greedily
+    assert set(line) == {"eval/exact_match", "eval/f1", "eval/searches_per_question", "eval/reward"}
+    result = evaluate_policy(policy, tok, rows, env, config, decode_greedy=False, **kwargs)
+    direct = HFGenerator(policy, tok, dataclasses.replace(config, seed=9)).rollout([env(), env()], rows[2:])
+    assert [t.input_ids for t in result.trajectories[2:]] == [t.input_ids for t in direct.trajectories]
+    assert line["eval/reward"] == pytest.approx(sum(t.reward for t in result.trajectories) / 4)
+    unscored = evaluate_during_training(policy, tok, rows, env, config, batch_size=2, seed=7)
+    assert "eval/reward" not in unscored and unscored["eval/f1"] == line["eval/f1"]
 
 
 def _invoke(*args: str):

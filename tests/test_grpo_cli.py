@@ -137,7 +137,9 @@ def test_one_step_from_files_writes_the_run_directory(tmp_path: Path) -> None:
     assert [m["step"] for m in lines if "eval/exact_match" in m] == [0]
     assert [m["episode"] for m in lines if "loss" in m] == [2, 4]
     assert json.loads((run / "manifest.json").read_text())["resumed_from_step"] == 1
-    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-1", "step-2"]
+    # step-0 holds the best (here the only) dev evaluation, the starting policy's, kept by best_metric.
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-0", "step-1", "step-2"]
+    assert json.loads((run / "best_checkpoint.json").read_text())["checkpoint"] == "step-0"
     # Resuming a finished run trains nothing more and keeps its history as it is.
     again = CliRunner().invoke(
         grpo_app(),

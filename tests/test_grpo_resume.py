@@ -18,7 +18,7 @@ from test_grpo_trainer import World, base_config, make_world, read_metrics
 from transformers import TrainerCallback
 
 from searchrl.common.config import ConfigError
-from searchrl.grpo.trainer import build_grpo_trainer, truncate_run_after
+from searchrl.grpo.trainer import build_grpo_trainer
 from searchrl.models.tiny import load_policy
 
 STEPS, SAVE_EVERY, KILL_AT = 4, 2, 3
@@ -79,8 +79,10 @@ def kill_and_resume(world: World, tmp_path: Path, mode: str) -> tuple[Any, Any, 
     with pytest.raises(Killed):
         killed.train()
     run = tmp_path / "b"
-    # What the killed run left: checkpoint 2 only, step 3's eval and trajectories, log lines to step 2.
-    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-2"]
+    # What the killed run left: checkpoints up to step 2 (step 2, and any earlier best dev evaluation's),
+    # step 3's eval and trajectories, log lines to step 2.
+    left = sorted(p.name for p in (run / "checkpoints").iterdir())
+    assert "step-2" in left and not {"step-3", "step-4"} & set(left)
     assert (run / "eval" / "step-3.json").is_file()
     assert (run / "trajectories" / "step-000003.jsonl.gz").is_file()
     assert max(m["step"] for m in read_metrics(run)) == 2
@@ -108,7 +110,13 @@ def assert_same_history(straight_run: Path, resumed_run: Path) -> None:
         assert [m[key] for m in lines] == [m[key] for m in straight_lines], key
     steps = sorted(int(p.name[5:11]) for p in (resumed_run / "trajectories").glob("step-*.jsonl.gz"))
     assert steps == list(range(1, STEPS + 1))
-    assert sorted(p.name for p in (resumed_run / "checkpoints").iterdir()) == ["step-2", "step-4"]
+    # Checkpoints every 2 steps and at each new best dev evaluation: the same ones, the same best.
+    kept = sorted(p.name for p in (resumed_run / "checkpoints").iterdir())
+    assert {"step-2", "step-4"} <= set(kept)
+    assert kept == sorted(p.name for p in (straight_run / "checkpoints").iterdir())
+    best = json.loads((resumed_run / "best_checkpoint.json").read_text())
+    assert best == json.loads((straight_run / "best_checkpoint.json").read_text())
+    assert best["checkpoint"] in kept and best["metric"] == "eval/reward"
     manifest = json.loads((resumed_run / "manifest.json").read_text())
     assert manifest["resumed_from_step"] == 2
 
@@ -162,7 +170,7 @@ def test_truncate_keeps_the_history_up_to_the_checkpoint(tmp_path: Path) -> None
         (run.trajectories / f"step-{s:06d}.jsonl.gz").write_bytes(b"")
     (run.eval / "test-final.json").write_text("{}")  # not a step file: kept
     (run.checkpoints / "step-3").mkdir()  # incomplete (no trainer_state.json): removed
-    truncate_run_after(run, 2)
+    run.truncate_after(2)  # the run layer's, shared by PPO and GRPO
     assert [json.loads(line)["step"] for line in run.metrics.read_text().splitlines()] == [0, 1, 2, 2]
     assert sorted(p.name for p in run.eval.iterdir()) == ["step-0.json", "step-2.json", "test-final.json"]
     assert [p.name for p in run.trajectories.iterdir()] == ["step-000001.jsonl.gz"]

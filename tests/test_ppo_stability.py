@@ -11,9 +11,9 @@ import pytest
 import torch
 from test_ppo_trainer import QA, make_trainer, snapshot
 
+from searchrl.common.health import likelihood_metrics
 from searchrl.common.run import RunReader
 from searchrl.common.trajectory import Trajectory
-from searchrl.ppo.trainer import PPOTrainer
 from searchrl.rewards.combine import default_rubric
 from searchrl.rewards.qa import F1Reward
 
@@ -39,19 +39,23 @@ def test_health_metrics_report_the_likelihood_of_sampled_and_of_correct_episodes
     assert metrics["health/nonfinite_logprobs"] == 0.0 and metrics["health/skipped_updates"] == 0.0
     assert metrics["objective/logprob_per_token"] < 0.0
     # On a crafted batch: two episodes right, one wrong; the "correct" figure averages the right ones only.
-    trajs = [_traj("Paris", ["Paris"]), _traj("Lyon", ["Paris"]), _traj("Rome", ["Rome"])]
     logprobs = torch.tensor([[0.0, -1.0, -1.0], [0.0, -3.0, -3.0], [0.0, -2.0, -2.0]])
     mask = torch.tensor([[0.0, 1.0, 1.0]] * 3)
-    health = PPOTrainer._health_metrics(trajs, logprobs, logprobs.clone(), mask)
+    correct = [True, False, True]
+    health = likelihood_metrics(logprobs, mask, correct, logprobs.clone())
     assert health["objective/logprob_per_token"] == pytest.approx(-2.0)
     assert health["objective/logprob_per_token_correct"] == pytest.approx(-1.5)
     broken = logprobs.clone()
     broken[1, 2] = float("nan")
-    health = PPOTrainer._health_metrics(trajs, broken, logprobs, mask)
+    health = likelihood_metrics(broken, mask, correct, logprobs)
     assert health["health/nonfinite_logprobs"] == 1.0 and math.isfinite(health["objective/logprob_per_token"])
-    assert "objective/logprob_per_token_correct" not in PPOTrainer._health_metrics(
-        trajs[1:2], logprobs[1:2], logprobs[1:2], mask[1:2]
+    ref_broken = likelihood_metrics(logprobs, mask, correct, broken)  # a NaN in the reference counts too
+    assert ref_broken["health/nonfinite_logprobs"] == 1.0
+    assert (
+        broken[0, 0] == 0.0
+        and likelihood_metrics(broken, torch.zeros_like(mask))["health/nonfinite_logprobs"] == 0
     )
+    assert "objective/logprob_per_token_correct" not in likelihood_metrics(logprobs[1:2], mask[1:2], [False])
 
 
 def test_a_nan_update_is_skipped_and_the_guard_says_why(world, tmp_path):

@@ -107,17 +107,6 @@ def test_bad_input_gets_a_clear_error(setup):
     assert unknown.exit_code == 2 and "kl_cof" in unknown.output
 
 
-def test_http_search_backend_sends_the_token_from_the_environment(monkeypatch) -> None:
-    from searchrl.ppo.commands import open_backend
-    from searchrl.ppo.config import PPOConfig
-
-    cfg = PPOConfig(search_backend="http", search_url="http://127.0.0.1:9", output_dir="unused")
-    monkeypatch.setenv("SEARCHRL_SERVE_TOKEN", "s3cret")
-    assert open_backend(cfg)._client.headers["Authorization"] == "Bearer s3cret"
-    monkeypatch.delenv("SEARCHRL_SERVE_TOKEN")
-    assert "Authorization" not in open_backend(cfg)._client.headers
-
-
 def test_shipped_ppo_config_matches_the_demo_ppo_stage():
     """configs/ppo_tiny.yaml says it runs the demo's PPO stage by hand: the same environment and budgets."""
     from searchrl.demo.pipeline import DemoConfig

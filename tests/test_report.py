@@ -23,7 +23,7 @@ from searchrl.common.io import append_jsonl, atomic_write_json
 from searchrl.common.trajectory import write_trajectories
 from searchrl.env.environment import EnvConfig, SearchEnvironment
 from searchrl.env.protocol import format_answer, format_tool_call
-from searchrl.evaluation.evaluate import evaluate_for_training, evaluate_policy, evaluate_run
+from searchrl.evaluation.evaluate import evaluate_policy, evaluate_run
 from searchrl.evaluation.report import render_trajectory, write_report
 from searchrl.models.tiny import build_policy, tokenizer_training_texts, train_tokenizer
 from searchrl.rewards.combine import default_rubric
@@ -215,13 +215,12 @@ def test_report_on_a_real_ppo_run_with_offline_eval_and_audit(world, tmp_path):
     )
     trainer.train()
     run = tmp_path / "run"
-    # The hook PPOTrainer.evaluate can call: the offline loop on the trainer's own parts.
-    flat = evaluate_for_training(trainer, QA, split="dev")
+    # PPOTrainer.evaluate: the offline loop (`evaluate_policy`) on the trainer's own parts.
+    flat = trainer.evaluate(QA)
     assert {"eval/exact_match", "eval/f1", "eval/searches_per_question", "eval/reward"} <= set(flat)
     saved = json.loads((run / "eval" / "step-2.json").read_text())
-    assert (
-        saved["split"] == "dev" and saved["n"] == 3 and saved["eval/exact_match"] == flat["eval/exact_match"]
-    )
+    assert saved["step"] == 2 and saved["episode"] == trainer.episode
+    assert {k: saved[k] for k in flat} == flat
     result, eval_path = evaluate_run(run, "test", "latest", n_resamples=50)
     assert eval_path.name == "test-step-2.json" and result.summary["n"] == 6
     path = write_report(run)

@@ -1,4 +1,5 @@
-"""`SearchConfig` + `open_backend`: the one place a run turns its config into a backend stack."""
+"""`SearchConfig` + `open_backend`: the one place anything (PPO, GRPO, SFT, eval, the TRL adapter, the CLI)
+turns its settings into a backend stack."""
 
 from __future__ import annotations
 
@@ -53,3 +54,46 @@ def test_url_config_and_errors(index_dir):
         open_backend(SearchConfig(index=str(index_dir), url="http://127.0.0.1:1"))
     with pytest.raises(ValueError, match="needs 'cache'"):
         open_backend(SearchConfig(cache_mode="replay"))
+
+
+def test_run_configs_open_through_the_one_opener(index_dir, tmp_path, monkeypatch):
+    from searchrl.common.config import ConfigError
+    from searchrl.grpo.config import GRPORunConfig
+    from searchrl.ppo.config import PPOConfig
+
+    ppo = PPOConfig(search_backend="http", search_url="http://127.0.0.1:9", output_dir="unused")
+    monkeypatch.setenv("SEARCHRL_SERVE_TOKEN", "s3cret")
+    backend = open_backend(SearchConfig.of_run(ppo))
+    assert backend._client.headers["Authorization"] == "Bearer s3cret"  # the server's token variable
+    assert backend.read_timeout == ppo.search_timeout_s  # the run's search deadline
+    assert (
+        open_backend(SearchConfig(url="http://127.0.0.1:9", token="mine"))._client.headers["Authorization"]
+        == "Bearer mine"
+    )  # an explicit token wins
+    monkeypatch.delenv("SEARCHRL_SERVE_TOKEN")
+    assert "Authorization" not in open_backend(SearchConfig.of_run(ppo))._client.headers
+    grpo = GRPORunConfig(search_url="http://127.0.0.1:9")
+    assert isinstance(open_backend(SearchConfig.of_run(grpo)), HTTPBackend)  # GRPO: the URL alone says so
+    assert isinstance(open_backend(SearchConfig.of_run(GRPORunConfig(index_dir=str(index_dir)))), BM25Backend)
+    # An evaluation's --index wins over what the run names.
+    assert SearchConfig.of_run(ppo, index=index_dir).index == str(index_dir)
+    with pytest.raises(ConfigError, match="no search engine"):
+        SearchConfig.of_run(GRPORunConfig())
+
+
+def test_a_missing_index_is_built_from_the_runs_corpus(tmp_path):
+    from searchrl.ppo.config import PPOConfig
+
+    corpus = write_corpus(tmp_path / "corpus.jsonl")
+    cfg = PPOConfig(index_dir=str(tmp_path / "new"), corpus_path=str(corpus), output_dir="unused")
+    backend = open_backend(SearchConfig.of_run(cfg))
+    assert isinstance(backend, BM25Backend) and (tmp_path / "new" / "meta.json").is_file()
+    assert backend.search(["capital of Veland"], 1)[0][0].doc_id == "c1"
+    again = open_backend(SearchConfig.of_run(cfg))  # now it exists: opened, not rebuilt
+    assert again.fingerprint == backend.fingerprint
+    missing = PPOConfig(
+        index_dir=str(tmp_path / "other"), corpus_path=str(tmp_path / "no.jsonl"), output_dir="u"
+    )
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        open_backend(SearchConfig.of_run(missing))
+    assert not (tmp_path / "other").exists()

@@ -6,7 +6,11 @@ library that shapes the numbers, the git commit, seeds, padding side, generation
 the chat template and the search index fingerprint: the facts the seeds say a reproducible RL run
 must pin.
 
-`RunDir` is the writer's view (creating it creates the folders). `RunReader` is the read-only view that
+`RunDir` is the writer's view (creating it creates the folders): atomic checkpoints and their pruning,
+metrics lines, `eval/step-N.json`, step trajectories, text samples, and resume's truncation, the same for
+every trainer. `Cadence` decides when a trainer logs, evaluates, saves and writes samples, and
+`BestCheckpoint` keeps the best dev evaluation's checkpoint: PPO and GRPO both use them, so their run
+directories have one shape. `RunReader` is the read-only view that
 `searchrl view`, `audit`, `report` and `eval` share: given a path it finds what it is (a demo directory,
 a PPO or GRPO run directory, or one trajectories file), the run's config class (from `manifest.json`'s
 `trainer`), its trajectory sources, eval files, checkpoints, data, index and tokenizer, and refuses
@@ -19,6 +23,7 @@ import gzip
 import hashlib
 import importlib.metadata
 import json
+import math
 import os
 import platform
 import re
@@ -26,13 +31,13 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
 
-from searchrl.common.io import atomic_write_json, atomic_write_text
+from searchrl.common.io import append_jsonl, atomic_write_json, atomic_write_text
 
 TRACKED_PACKAGES = (
     "torch",
@@ -153,6 +158,37 @@ class RunDir:
     def write_manifest(self, manifest: dict) -> None:
         atomic_write_json(self.manifest, manifest)
 
+    def log_metrics(self, line: dict[str, Any]) -> None:
+        """One `metrics.jsonl` line (the caller decides when: `Cadence.should_log`)."""
+        append_jsonl(self.metrics, line)
+
+    def step_trajectories(self, step: int) -> Path:
+        return self.trajectories / f"step-{step:06d}.jsonl.gz"
+
+    def write_step_trajectories(self, step: int, trajectories: Sequence[Any]) -> Path:
+        """`trajectories/step-00000N.jsonl.gz`: the episodes a training step learned from."""
+        from searchrl.common.trajectory import write_trajectories
+
+        path = self.step_trajectories(step)
+        write_trajectories(path, list(trajectories))
+        return path
+
+    def write_samples(self, step: int, trajectories: Sequence[Any], tokenizer: Any, n: int = 4) -> None:
+        """A few of a step's episodes as text in `samples.jsonl` (question, golds, the decoded episode after
+        the prompt, answer, reward): what TRL's `num_sample_generations` shows, readable without the viewer."""
+        for t in list(trajectories)[:n]:
+            episode = tokenizer.decode(t.input_ids[t.prompt_length :], skip_special_tokens=False)
+            row = {"step": step, "id": t.id, "question": t.question, "golds": t.golds,
+                   "episode": episode, "answer": t.answer, "reward": t.reward}  # fmt: skip
+            append_jsonl(self.samples, row)
+
+    def write_eval(self, step: int, record: dict[str, Any]) -> Path:
+        """`eval/step-N.json`, the same shape for every trainer: `{"step": N, "episode", "time/train_s",
+        "time/elapsed_s", "eval/exact_match", "eval/f1", "eval/searches_per_question", "eval/reward"}`."""
+        path = self.eval / f"step-{step}.json"
+        atomic_write_json(path, {"step": step, **record})
+        return path
+
     def truncate_after(self, step: int) -> None:
         """Resume's clean-up, the same for every trainer: drop what a killed run wrote after `step`.
 
@@ -215,6 +251,82 @@ class RunDir:
         """The newest complete checkpoint (one whose `trainer_state.json` exists), or None."""
         done = self.complete_checkpoints()
         return done[-1] if done else None
+
+
+# -- the training side every trainer shares: when to log, evaluate, save and sample; the best checkpoint ----
+
+
+@dataclass(frozen=True)
+class Cadence:
+    """When a trainer logs, evaluates, saves and writes text samples: one rule for PPO and GRPO.
+
+    - a `metrics.jsonl` line every `logging_steps` steps, and always on a step that evaluated (`eval/*`),
+      rolled back or tripped the guard (`guard/*`), or ended the run;
+    - a dev evaluation every `eval_steps` steps (0: never) and at the last step, so a run ends on a
+      measured point;
+    - a checkpoint every `save_steps` steps (0: never); trainers also save the last step and each new best;
+    - text samples `num_sample_generations` times over the run (TRL's field; 0: never) and at the last step.
+    """
+
+    max_steps: int
+    logging_steps: int = 1
+    eval_steps: int = 0
+    save_steps: int = 0
+    num_sample_generations: int = 0
+
+    def is_last(self, step: int) -> bool:
+        return step >= self.max_steps
+
+    def should_log(self, step: int, metrics: dict[str, Any] | None = None) -> bool:
+        if step % max(1, self.logging_steps) == 0 or self.is_last(step):
+            return True
+        return any(k.startswith(("eval/", "guard/")) for k in metrics or {})
+
+    def should_evaluate(self, step: int) -> bool:
+        return bool(self.eval_steps) and (step % self.eval_steps == 0 or self.is_last(step))
+
+    def should_save(self, step: int) -> bool:
+        return bool(self.save_steps) and step % self.save_steps == 0
+
+    def should_sample(self, step: int) -> bool:
+        if not self.num_sample_generations:
+            return False
+        every = max(1, self.max_steps // self.num_sample_generations)
+        return step % every == 0 or self.is_last(step)
+
+
+class BestCheckpoint:
+    """The best dev evaluation so far by `metric` (a config's `best_metric`, e.g. `eval/reward`) and its
+    checkpoint, which pruning never deletes and `RUN/best_checkpoint.json` names (`searchrl eval
+    --checkpoint best` reads it). The first of equal values stays the best."""
+
+    def __init__(self, run: RunDir, metric: str | None) -> None:
+        self.run = run
+        self.metric = metric
+        self.best: dict[str, Any] | None = None  # {"step", "metric", "value"}
+        self.checkpoint: Path | None = None
+
+    def improves(self, step: int, metrics: dict[str, Any]) -> bool:
+        """True (and the best updated) when `metrics` beats the best `metric` so far; record the checkpoint
+        saved for `step` with `record`."""
+        value = metrics.get(self.metric) if self.metric else None
+        if not isinstance(value, int | float) or not math.isfinite(value):
+            return False
+        if self.best is not None and value <= self.best["value"]:
+            return False
+        self.best = {"step": step, "metric": self.metric, "value": float(value)}
+        return True
+
+    def record(self, checkpoint: Path, write: bool = True) -> None:
+        """`checkpoint` holds the best weights; `write` (the main process) names it in best_checkpoint.json."""
+        self.checkpoint = checkpoint
+        if write and self.best is not None:
+            atomic_write_json(self.run.best_checkpoint, {**self.best, "checkpoint": checkpoint.name})
+
+    def restore(self, best: dict[str, Any] | None) -> None:
+        """A resumed run takes its checkpoint's best (saved in `trainer_state.json`)."""
+        self.best = best
+        self.checkpoint = self.run.checkpoint_dir(int(best["step"])) if best is not None else None
 
 
 # -- reading a run: what a path is, and what it holds --------------------------------------------------

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from searchrl.env.environment import EnvConfig, SearchEnvironment, TokenMeter
@@ -117,18 +116,15 @@ def make_environment_factory(
 
 
 def _open_backend(backend_or_index_dir: Backend | str | os.PathLike) -> Backend:
-    if not isinstance(backend_or_index_dir, str | os.PathLike):
-        if not callable(getattr(backend_or_index_dir, "search", None)):
-            raise TypeError(
-                f"make_environment_factory needs a Backend (with .search(queries, k)) or an index directory, "
-                f"got {type(backend_or_index_dir).__name__}"
-            )
-        return backend_or_index_dir
-    index_dir = Path(backend_or_index_dir)
-    if not (index_dir / "meta.json").is_file():
-        raise FileNotFoundError(
-            f"{index_dir}: not an index directory (no meta.json); build one with `searchrl index`"
-        )
-    from searchrl.search.index import load_index  # the search room's loader; imported only when needed
+    if isinstance(backend_or_index_dir, str | os.PathLike):
+        from searchrl.search.index import (
+            open_backend,
+        )  # the search room's one opener; imported only when needed
 
-    return load_index(index_dir)
+        return open_backend(backend_or_index_dir)
+    if not callable(getattr(backend_or_index_dir, "search", None)):
+        raise TypeError(
+            f"make_environment_factory needs a Backend (with .search(queries, k)) or an index directory, "
+            f"got {type(backend_or_index_dir).__name__}"
+        )
+    return backend_or_index_dir

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -236,11 +235,10 @@ def summarise(
     return out
 
 
-def dev_metrics(trajs: Sequence[Trajectory], rubric: Any = None) -> dict[str, float]:
+def dev_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:
     """The periodic dev evaluation's figures, the same for every trainer: `eval/exact_match`, `eval/f1`,
-    `eval/searches_per_question` and, given a rubric, `eval/reward` (the training reward). The rubric is
-    a `Rubric` (its `evaluate` leaves the trajectories untouched) or any reward with PPO's
-    `score(traj) -> (total, breakdown)`. `summarise` is the full report with intervals; this is the
+    `eval/searches_per_question` and, when every trajectory was scored (`evaluate_policy` with a rubric),
+    `eval/reward` (the training reward). `summarise` is the full report with intervals; this is the
     per-step line."""
     if not trajs:
         return {}
@@ -250,9 +248,8 @@ def dev_metrics(trajs: Sequence[Trajectory], rubric: Any = None) -> dict[str, fl
         "eval/f1": sum(f1_score(t.answer or "", t.golds) for t in trajs) / n,
         "eval/searches_per_question": sum(len(t.tool_calls) for t in trajs) / n,
     }
-    if rubric is not None:
-        reward = getattr(rubric, "evaluate", None) or rubric.score
-        out["eval/reward"] = sum(reward(t)[0] for t in trajs) / n
+    if all(t.reward is not None for t in trajs):
+        out["eval/reward"] = sum(float(t.reward) for t in trajs) / n  # type: ignore[arg-type]
     return out
 
 
@@ -305,7 +302,8 @@ def evaluate_policy(
     scores each trajectory so the summary also holds the training reward. Each trajectory's metadata
     gets the row's `hops`, the question's amortised latency (`latency_s`: batch wall time / batch size,
     since questions of a batch decode together) and the batch index. `generator_factory(model,
-    tokenizer, config)` swaps the rollout engine (tests force scripted turns through it).
+    tokenizer, config)` swaps the rollout engine (tests force scripted turns through it; the PPO trainer
+    passes its own, e.g. vLLM). The chunk of rows starting at index i samples with seed `seed + i`.
     """
     rows = [dict(r) for r in rows]
     if not rows:
@@ -318,7 +316,7 @@ def evaluate_policy(
     for start in range(0, len(rows), batch_size):
         chunk = rows[start : start + batch_size]
         trajectories.extend(
-            _evaluate_chunk(policy, tokenizer, chunk, env_factory, config, make_generator, seed)
+            _evaluate_chunk(policy, tokenizer, chunk, env_factory, config, make_generator, seed + start)
         )
     if rubric is not None:
         for traj in trajectories:
@@ -336,8 +334,8 @@ def _evaluate_chunk(
     make_generator: GeneratorFactory,
     seed: int,
 ) -> list[Trajectory]:
-    # Each chunk gets its own generator seeded by `seed`, so a question's result does not depend on
-    # which chunk came before it (greedy decoding ignores the seed anyway; sampling does not).
+    # Each chunk gets its own generator, seeded by `seed` plus the chunk's first row index: a question's result
+    # does not depend on what earlier chunks sampled (greedy decoding ignores the seed anyway; sampling does not).
     generator = make_generator(policy, tokenizer, dataclasses.replace(config, seed=seed))
     envs = [env_factory() for _ in rows]
     started = time.perf_counter()
@@ -349,6 +347,52 @@ def _evaluate_chunk(
         traj.metadata["latency_s"] = per_question
         traj.metadata["eval"] = True
     return trajs
+
+
+def evaluate_during_training(
+    policy: Any,
+    tokenizer: Any,
+    rows: Sequence[dict[str, Any]],
+    env_factory: Callable[[], Any],
+    generation_config: GenerationConfig,
+    rubric: Any = None,
+    batch_size: int = 16,
+    seed: int = 0,
+    generator: Any = None,
+) -> dict[str, float]:
+    """The periodic dev evaluation of every trainer (`PPOTrainer.evaluate`, GRPO's run callback).
+
+    `evaluate_policy` at the generation config's own temperature (the run's `eval_temperature`, so the
+    training-time curve and a later `searchrl eval --temperature` agree), reduced to `dev_metrics`. The
+    caller writes `RUN/eval/step-N.json` (`RunDir.write_eval`) and keeps the clock. `generator` reuses a
+    trainer's own rollout engine (HF or vLLM, its weights in sync): its `config` is set for each chunk and
+    restored afterwards; without one each chunk gets a fresh `HFGenerator`.
+    """
+    saved = generator.config if generator is not None else None
+
+    def own_engine(model: Any, tok: Any, config: GenerationConfig) -> Any:
+        generator.config = config
+        return generator
+
+    try:
+        # One resample: the per-step line needs the means only, not `summarise`'s intervals.
+        result = evaluate_policy(
+            policy,
+            tokenizer,
+            rows,
+            env_factory,
+            generation_config,
+            rubric=rubric,
+            batch_size=batch_size,
+            seed=seed,
+            n_resamples=1,
+            generator_factory=own_engine if generator is not None else None,
+            decode_greedy=False,
+        )
+    finally:
+        if generator is not None:
+            generator.config = saved
+    return dev_metrics(result.trajectories)
 
 
 # -- run directories: which model, which data, which index ---------------------------------------------
@@ -472,34 +516,6 @@ def run_env_config(run_dir: str | Path | None, config: Any) -> Any:
     if config is None:
         return EnvConfig()
     return env_config_from_ppo(config)
-
-
-def open_search(config: Any, index_dir: str | Path | None) -> Any:
-    """The backend of a run (its index dir or search URL), or of `index_dir` when given."""
-    from searchrl.search.index import load_index
-
-    if index_dir is not None:
-        if not Path(index_dir).is_dir():
-            raise FileNotFoundError(
-                f"--index {index_dir}: no such folder; pass a folder built by `searchrl index`, or --corpus FILE "
-                "(rows with id, title, contents) to index one for this evaluation"
-            )
-        return load_index(index_dir)
-    url = getattr(config, "search_url", None) if config is not None else None
-    if url and getattr(config, "search_backend", "http") == "http":
-        from searchrl.search.client import HTTPBackend
-
-        return HTTPBackend(
-            url,
-            read_timeout=config.search_timeout_s,
-            token=os.environ.get("SEARCHRL_SERVE_TOKEN"),
-        )
-    if config is not None and config.index_dir:
-        return load_index(config.index_dir)
-    raise FileNotFoundError(
-        "no search index: the run config names no index_dir and --index was not given; build one with "
-        "`searchrl index --corpus FILE --out DIR` and pass --index DIR, or pass --corpus FILE"
-    )
 
 
 def _resolve_model(
@@ -642,7 +658,21 @@ def search_for_eval(
         with tempfile.TemporaryDirectory(prefix="searchrl-eval-index-") as tmp:
             yield build_index(corpus, Path(tmp) / "index", backend="bm25"), {"corpus": str(corpus)}
         return
-    backend = open_search(config, index_dir)
+    from searchrl.search.index import SearchConfig, open_backend
+
+    if index_dir is not None and not Path(index_dir).is_dir():
+        raise FileNotFoundError(
+            f"--index {index_dir}: no such folder; pass a folder built by `searchrl index`, or --corpus FILE "
+            "(rows with id, title, contents) to index one for this evaluation"
+        )
+    if index_dir is None and (
+        config is None or not (config.index_dir or getattr(config, "search_url", None))
+    ):
+        raise FileNotFoundError(
+            "no search index: the run config names no index_dir and --index was not given; build one with "
+            "`searchrl index --corpus FILE --out DIR` and pass --index DIR, or pass --corpus FILE"
+        )
+    backend = open_backend(SearchConfig.of_run(config, index=index_dir))  # the search room's one opener
     yield backend, {"index": str(index_dir if index_dir is not None else getattr(config, "search_url", ""))}
 
 
@@ -754,32 +784,3 @@ def _run_rubric(config: Any) -> Any:
     if config is not None and config.reward_config_path:
         return load_rubric(config.reward_config_path)
     return default_rubric()
-
-
-def evaluate_for_training(
-    trainer: Any, rows: Sequence[dict[str, Any]], seed: int = 0, split: str = "dev"
-) -> dict:
-    """Training-time validation for `PPOTrainer.evaluate` (and GRPO): the offline loop on the trainer's parts.
-
-    Uses the trainer's policy, tokenizer, environment factory, generation limits and rubric, so dev
-    numbers during training and `searchrl eval` afterwards come from the same code. Writes
-    `RUN/eval/step-N.json` (the summary plus the flat `eval/*` keys) and returns the flat metrics for the
-    training log (`eval/exact_match`, `eval/f1`, `eval/searches_per_question`, `eval/reward`, ...).
-    """
-    from searchrl.common.io import atomic_write_json
-
-    result = evaluate_policy(
-        trainer.policy,
-        trainer.tokenizer,
-        rows,
-        trainer.env_factory,
-        trainer.generation_config,
-        rubric=trainer.rubric,
-        batch_size=int(trainer.args.local_batch_size or 16),
-        seed=seed,
-    )
-    flat = result.metrics("eval/")
-    step = int(trainer.global_step)
-    payload = {"step": step, "split": split, "checkpoint": f"step-{step}", **result.summary, **flat}
-    atomic_write_json(Path(trainer.run.eval) / f"step-{step}.json", payload)
-    return flat

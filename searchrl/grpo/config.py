@@ -209,6 +209,24 @@ class GRPORunConfig:
     save_steps: int = field(
         default=0, metadata=_help("Write RUN/checkpoints/step-N every this many steps; the last step always.")
     )
+    save_total_limit: int | None = field(
+        default=None,
+        metadata=_help("Keep only this many most recent checkpoints (never the best); null keeps all."),
+    )
+    best_metric: str | None = field(
+        default="eval/reward",
+        metadata=_help(
+            "Keep the checkpoint of the dev evaluation with the highest value of this metric (eval/reward, "
+            "eval/exact_match, ...), as PPOConfig does: written when reached, never pruned, named in "
+            "RUN/best_checkpoint.json; null: off."
+        ),
+    )
+    num_sample_generations: int = field(
+        default=10,
+        metadata=_help(
+            "How many times over the run to write a few episodes as text to RUN/samples.jsonl; 0: never."
+        ),
+    )
     save_trajectories: bool = field(
         default=True, metadata=_help("Write each step's trajectories to RUN/trajectories/step-N.jsonl.gz.")
     )
@@ -281,6 +299,15 @@ class GRPORunConfig:
             )
         if self.index_dir and self.search_url:
             raise ConfigError("index_dir and search_url: give one search backend, not both")
+        if self.save_total_limit is not None and self.save_total_limit < 1:
+            raise ConfigError(f"save_total_limit: must be >= 1 or null, got {self.save_total_limit}")
+        if self.num_sample_generations < 0:
+            raise ConfigError(f"num_sample_generations: must be >= 0, got {self.num_sample_generations}")
+        if self.best_metric is not None and not str(self.best_metric).startswith("eval/"):
+            raise ConfigError(
+                f"best_metric: {self.best_metric!r} must name a dev-evaluation metric such as eval/reward or "
+                "eval/exact_match, or be null"
+            )
 
     # -- derived ----------------------------------------------------------------------------------
     @property
@@ -385,6 +412,9 @@ SHARED_WITH_PPO = (
     "eval_steps",
     "num_eval_questions",
     "save_steps",
+    "save_total_limit",
+    "best_metric",
+    "num_sample_generations",
     "save_trajectories",
     "use_cpu",
 )

@@ -14,11 +14,14 @@ trainer to our pieces rather than writing another GRPO. Two modes:
 Either way `RubricReward` scores a real `Trajectory` with our `Rubric` (in ``trl_loop`` it is rebuilt
 from TRL's token ids, tool mask and completion messages plus the environment instances TRL passes as
 `environments=`), and logs the breakdown and the environment's tool statistics through TRL's
-`log_metric`. `RunDirCallback` writes the run directory the PPO trainer writes: `metrics.jsonl`
-(with `episode` and wall-clock seconds per step), `eval/step-N.json` with `eval/exact_match` (the same
-greedy dev evaluation as `PPOTrainer.evaluate`), `trajectories/step-N.jsonl.gz` and
-`checkpoints/step-N/` (`policy/`, TRL's optimizer/scheduler/RNG/trainer state in `trl/`, our
-`trainer_state.json`).
+`log_metric`, with the stability kit's likelihood monitors (`searchrl.common.health`, PPO's names) from the
+rollouts' sampling logprobs; TRL's `entropy` is logged under PPO's `objective/entropy_per_token` too.
+`RunDirCallback` writes the run directory the PPO trainer writes, through the same run layer
+(`searchrl.common.run`: `Cadence`, `BestCheckpoint`, `RunDir`): `metrics.jsonl` (with `episode` and the
+clocks), `eval/step-N.json` from the dev loop every trainer shares
+(`evaluation.evaluate.evaluate_during_training`), `trajectories/step-N.jsonl.gz`, `samples.jsonl`,
+`best_checkpoint.json` and `checkpoints/step-N/` (`policy/`, TRL's optimizer/scheduler/RNG/trainer state
+in `trl/`, our `trainer_state.json`), pruned by `save_total_limit`.
 
 Resume (`build_grpo_trainer(..., resume=True)`, `run_grpo(cfg, resume=True)`, `searchrl grpo --resume`)
 is TRL's `resume_from_checkpoint` on that `trl/` folder (weights from `policy/`), plus what TRL does not
@@ -26,11 +29,12 @@ know: the episode count, `our_rollout`'s per-batch sampling seed, both clocks an
 history after the checkpoint. `EpochRepeatSampler` makes TRL's data order depend on the epoch alone, so
 a resumed run replays the uninterrupted run bit for bit on CPU (tested in both modes).
 
-`SearchGRPOTrainer` is TRL's class with one read-only hook: it remembers the batch rows (the
-`rollout_func` contract passes only the prompts, and our environments need `golds` and `id`) and the
-token-level output of `_generate` (TRL does not pass its tool mask to reward functions). Nothing in
-TRL's algorithm is changed. With compact prompts (`tool_schema_in_prompt: false`) `hide_tool_schemas`
-empties TRL's per-environment schema list so that its prompts carry no tool section either.
+`SearchGRPOTrainer` is TRL's class with read-only hooks: it remembers the batch rows (the `rollout_func`
+contract passes only the prompts, and our environments need `golds` and `id`) and the token-level output
+of `_generate` (TRL does not pass its tool mask to reward functions), and saves and loads our checkpoint
+layout; each private method it overrides says why no public hook would do. Nothing in TRL's algorithm is
+changed. With compact prompts (`tool_schema_in_prompt: false`) `hide_tool_schemas` empties TRL's
+per-environment schema list so that its prompts carry no tool section either.
 """
 
 from __future__ import annotations
@@ -50,13 +54,14 @@ from transformers.utils import get_json_schema
 
 from searchrl.common.clock import TrainingClock
 from searchrl.common.config import ConfigError, save_config
-from searchrl.common.io import append_jsonl, atomic_write_json, atomic_write_text
-from searchrl.common.run import RunDir, build_manifest
-from searchrl.common.trajectory import Span, ToolCallRecord, Trajectory, write_trajectories
+from searchrl.common.health import likelihood_metrics, trajectory_logprobs
+from searchrl.common.io import atomic_write_json, atomic_write_text
+from searchrl.common.run import BestCheckpoint, Cadence, RunDir, build_manifest
+from searchrl.common.trajectory import Span, ToolCallRecord, Trajectory
 from searchrl.env.environment import EnvConfig, SearchEnvironment
 from searchrl.env.protocol import parse_turn
 from searchrl.env.trl_adapter import SearchToolEnv
-from searchrl.evaluation.evaluate import dev_metrics, generation_config_from_ppo
+from searchrl.evaluation.evaluate import evaluate_during_training, generation_config_from_ppo
 from searchrl.grpo.config import GRPORunConfig
 from searchrl.models.forward_patches import remove_trainer_forward_patches, shares_storage
 from searchrl.rewards.combine import Rubric, default_rubric, load_rubric, mean_breakdown
@@ -183,11 +188,12 @@ class EpochRepeatSampler(RepeatSampler):
 
 
 class SearchGRPOTrainer(GRPOTrainer):
-    """TRL 1.16's `GRPOTrainer`, remembering each generation batch's rows and token-level output.
+    """TRL 1.16's `GRPOTrainer`, remembering each generation batch's rows and token-level output, with our
+    run directory's checkpoints. Nothing in TRL's algorithm is changed.
 
-    Checkpoints and resume go through our run directory: `_save_checkpoint` (called by transformers when
-    `control.should_save`) writes `RUN/checkpoints/step-N/` via `RunDirCallback.save_checkpoint`, and
-    `train()` resumes from `resume_checkpoint` when `build_grpo_trainer(..., resume=True)` set one.
+    Public hooks first: `train` (resume from `resume_checkpoint`) and `training_step` (the batch rows) are
+    transformers' documented overridables. Four private methods remain, each because no public hook gives
+    what it needs (TRL 1.16, transformers 5); each says why.
     """
 
     current_inputs: list[dict[str, Any]] | None = None
@@ -206,9 +212,22 @@ class SearchGRPOTrainer(GRPOTrainer):
                 from transformers.trainer_utils import TrainOutput
 
                 return TrainOutput(done, 0.0, {})
+            # TRL counts micro-steps (`_step`) to decide when to generate and which buffered slice to train
+            # on; transformers' resume restores the global step but TRL's counter starts at 0 and has no
+            # setter, so set it to where the killed run was.
+            self._step = done * self.args.gradient_accumulation_steps
         return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
 
+    def training_step(self, model: Any, inputs: Any, num_items_in_batch: Any = None) -> Any:
+        # The generation batch's rows: `rollout_func(prompts, trainer)` gets only the prompts, and our
+        # environments need each row's `golds` and `id` (rows with the same question may differ in them).
+        self.current_inputs = inputs
+        return super().training_step(model, inputs, num_items_in_batch)
+
     def _get_train_sampler(self, dataset: Any = None) -> Any:
+        # Private, because transformers builds the sampler inside `get_train_dataloader` with no hook: TRL's
+        # `RepeatSampler` draws epoch e's order from a generator seeded once, so a resumed run (a new sampler)
+        # would replay epoch 0's order; `EpochRepeatSampler.set_epoch` makes the order depend on the epoch.
         sampler = super()._get_train_sampler(dataset)
         if type(sampler) is not RepeatSampler:  # pragma: no cover - a TRL version with another sampler
             return sampler
@@ -222,7 +241,9 @@ class SearchGRPOTrainer(GRPOTrainer):
         )
 
     def _save_checkpoint(self, model: Any, trial: Any) -> None:
-        # Our layout instead of TRL's `trl/checkpoint-N` (and no second copy of the weights).
+        # Private, because `on_save` fires only after transformers has written its own `checkpoint-N/` (the
+        # weights a second time, no atomic completion marker, pruned by its own rules): our layout instead,
+        # `RUN/checkpoints/step-N/` written atomically and pruned by the run layer (`RunDirCallback`).
         if self.run_callback is None:
             raise RuntimeError(
                 "SearchGRPOTrainer saves through its RunDirCallback; build it with build_grpo_trainer"
@@ -230,17 +251,16 @@ class SearchGRPOTrainer(GRPOTrainer):
         self.run_callback.save_checkpoint(int(self.state.global_step))
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model: Any = None) -> None:
-        # Our checkpoints keep TRL's optimizer/scheduler/RNG/state files in `step-N/trl/` and the weights
-        # once, in `step-N/policy/` (a loadable model directory): load them from there.
+        # Private, because transformers loads the weights from `resume_from_checkpoint` itself: ours keep
+        # TRL's optimizer/scheduler/RNG/state files in `step-N/trl/` and the weights once, in `step-N/policy/`
+        # (a loadable model directory), so point it there.
         policy = Path(resume_from_checkpoint).parent / "policy"
         source = policy if (policy / "config.json").is_file() else Path(resume_from_checkpoint)
         super()._load_from_checkpoint(str(source), model)
 
-    def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
-        self.current_inputs = inputs
-        return super()._generate_and_score_completions(inputs)
-
     def _generate(self, prompts: list) -> Any:
+        # Private, because TRL hands reward functions the completion ids but not the prompt ids, the tool mask
+        # or the sampling logprobs, which `trl_loop` needs to rebuild each rollout as a `Trajectory`.
         out = super()._generate(prompts)
         prompt_ids, completion_ids, tool_mask, _completions, logprobs = out[:5]
         self.last_generation = {
@@ -430,13 +450,27 @@ def trajectory_from_trl(
         final_text=final_text,
         num_turns=len(assistant),
         termination=_termination(final, answered, ended_with_eos),
-        metadata={"trainer": "grpo", "mode": "trl_loop"},
+        metadata={"trainer": "grpo", "mode": "trl_loop", "sampling_logprobs": logprobs is not None},
     )
 
 
 # ---------------------------------------------------------------------------------------------
 # The reward: our Rubric behind TRL's reward-function signature
 # ---------------------------------------------------------------------------------------------
+
+
+def sampling_likelihood_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:
+    """The stability kit's likelihood monitors (`searchrl.common.health`, PPO's names) from the sampling
+    logprobs each rollout returned: our engine's in `our_rollout`, TRL's generation's in `trl_loop` when it
+    has them (vLLM; TRL's transformers generation returns none, and those episodes are left out)."""
+    sampled = [t for t in trajs if t.metadata.get("sampling_logprobs", True)]
+    if not sampled:
+        return {}
+    logprobs, mask = trajectory_logprobs(sampled)
+    correct = [
+        t.answer is not None and bool(t.golds) and bool(exact_match(t.answer, t.golds)) for t in sampled
+    ]
+    return likelihood_metrics(logprobs, mask, correct)
 
 
 class RubricReward:
@@ -487,6 +521,7 @@ class RubricReward:
         out["answer/exact_match"] = sum(exact_match(t.answer or "", t.golds) for t in trajs) / max(
             1, len(trajs)
         )
+        out.update(sampling_likelihood_metrics(trajs))
         return out
 
     def pop_trajectories(self) -> list[Trajectory]:
@@ -524,73 +559,50 @@ class RubricReward:
 
 
 # ---------------------------------------------------------------------------------------------
-# Evaluation: the same greedy dev rollout as PPOTrainer.evaluate, with our engine for both modes
-# ---------------------------------------------------------------------------------------------
-
-
-class DevEvaluator:
-    """EM / F1 / searches / reward on dev rows with our engine; writes `RUN/eval/step-N.json`."""
-
-    def __init__(
-        self,
-        run: RunDir,
-        tokenizer: Any,
-        env_factory: Callable[[], SearchEnvironment],
-        rows: Sequence[dict[str, Any]],
-        rubric: Rubric,
-        generation_config: GenerationConfig,
-        batch_size: int,
-    ) -> None:
-        self.run = run
-        self.tokenizer = tokenizer
-        self.env_factory = env_factory
-        self.rows = [{k: r[k] for k in ROW_COLUMNS if k in r} for r in rows]
-        self.rubric = rubric
-        self.generation_config = generation_config
-        self.batch_size = batch_size
-
-    @torch.no_grad()
-    def __call__(self, model: Any, step: int, extra: dict[str, float] | None = None) -> dict[str, float]:
-        if not self.rows:
-            return {}
-        trajs: list[Trajectory] = []
-        for i in range(0, len(self.rows), self.batch_size):
-            chunk = self.rows[i : i + self.batch_size]
-            config = replace(self.generation_config, seed=self.generation_config.seed + i)
-            generator = HFGenerator(model, self.tokenizer, config)
-            trajs.extend(generator.rollout([self.env_factory() for _ in chunk], chunk).trajectories)
-        out = dev_metrics(trajs, self.rubric)
-        atomic_write_json(self.run.eval / f"step-{step}.json", {"step": step, **(extra or {}), **out})
-        return out
-
-
-# ---------------------------------------------------------------------------------------------
 # The run directory: metrics.jsonl, eval/, trajectories/, checkpoints/ (the PPO trainer's layout)
 # ---------------------------------------------------------------------------------------------
 
+# TRL's names for what PPO logs under the stability kit's names (both are kept in metrics.jsonl).
+TRL_TO_PPO_NAMES = {"entropy": "objective/entropy_per_token"}
+
 
 class RunDirCallback(TrainerCallback):
-    """Appends TRL's logs to `metrics.jsonl` with `step`, `episode` and wall-clock seconds; evaluates
-    every `eval_steps` and at the last step, saves every `save_steps` and at the end, writes each step's
-    trajectories.
+    """Writes the run directory through the run layer (`searchrl.common.run`), on the same cadence as PPO.
 
-    `time/train_s` is wall-clock time minus the time spent in evaluation: the x axis of the
-    side-by-side plots, so a trainer is not charged for how often it was evaluated.
+    TRL's logs go to `metrics.jsonl` with `step`, `episode` and the clocks (`Cadence`: every
+    `logging_steps`, and always a step that evaluated or ended the run); the dev evaluation runs every
+    `eval_steps` and at the last step (`eval/step-N.json`); checkpoints every `save_steps`, at the end and
+    on each new best `best_metric` (`BestCheckpoint`, never pruned; `save_total_limit` prunes the rest);
+    each step's trajectories, and text samples `num_sample_generations` times over the run.
+
+    `time/train_s` is wall-clock time minus the time spent in evaluation: the x axis of the side-by-side
+    plots, so a trainer is not charged for how often it was evaluated.
 
     A resumed run (`resume_state`, our `trainer_state.json` of the checkpoint) keeps the run directory's
     history up to the checkpoint's step and drops what the killed run wrote after it (metrics lines,
-    eval files, trajectory files), so no step is missing or written twice; `episode` and both clocks
-    continue from the checkpoint's values.
+    eval files, trajectory files), so no step is missing or written twice; `episode`, the best checkpoint
+    and both clocks continue from the checkpoint's values.
     """
 
-    def __init__(self, cfg: GRPORunConfig, run: RunDir, reward: RubricReward, evaluator: DevEvaluator | None):
+    def __init__(
+        self,
+        cfg: GRPORunConfig,
+        run: RunDir,
+        reward: RubricReward,
+        evaluate: Callable[[Any], dict[str, float]] | None,
+    ):
         self.cfg = cfg
         self.run = run
         self.reward = reward
-        self.evaluator = evaluator
+        self.evaluate = evaluate  # model -> dev metrics (`evaluate_during_training` on the dev rows)
         self.trainer: SearchGRPOTrainer | None = None
         self.rollout: EngineRollout | None = None  # our_rollout: its batch counter seeds the sampling
         self.resume_state: dict[str, Any] | None = None
+        self.cadence = Cadence(
+            cfg.num_steps, cfg.logging_steps, cfg.eval_steps, cfg.save_steps, cfg.num_sample_generations
+        )
+        self.best = BestCheckpoint(run, cfg.best_metric)
+        self.best_pending = False  # this step's evaluation is a new best: record its checkpoint when saved
         self.training_clock = TrainingClock()
         self.pending_eval: dict[str, float] = {}
         self.last_saved_step = -1
@@ -599,19 +611,25 @@ class RunDirCallback(TrainerCallback):
     def clock(self) -> dict[str, float]:
         return self.training_clock.reading()
 
+    def _tokenizer(self) -> Any:
+        assert self.trainer is not None, "RunDirCallback.trainer must be set to the trainer it logs"
+        return self.trainer.processing_class
+
     def _model(self) -> Any:
         assert self.trainer is not None, "RunDirCallback.trainer must be set to the trainer it logs"
         return self.trainer.accelerator.unwrap_model(self.trainer.model)
 
     def _evaluate(self, step: int) -> None:
-        if self.evaluator is None:
+        if self.evaluate is None:
             return
         model = self._model()
         was_training = model.training
         with self.training_clock.evaluating() as clock:
-            results = self.evaluator(model, step, extra={"episode": self.reward.episodes, **clock})
+            results = self.evaluate(model)
         model.train(was_training)
+        self.run.write_eval(step, {"episode": self.reward.episodes, **clock, **results})
         self.pending_eval.update(results)
+        self.best_pending = self.best.improves(step, results) or self.best_pending
 
     # -- events -----------------------------------------------------------------------------------
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -624,20 +642,20 @@ class RunDirCallback(TrainerCallback):
         atomic_write_text(self.run.metrics, "")
         if self.cfg.eval_on_start:
             self._evaluate(0)
-            append_jsonl(self.run.metrics, {"step": 0, "episode": 0, **self.clock(), **self.pending_eval})
+            self.run.log_metrics({"step": 0, "episode": 0, **self.clock(), **self.pending_eval})
             self.pending_eval = {}
+            if self.best_pending:  # the starting policy itself may stay the best of the run
+                self.save_checkpoint(0)
 
     def _continue(self, saved: dict[str, Any]) -> None:
         """Resume: the history up to the checkpoint stays, the killed run's later steps go, clocks go on."""
         step = int(saved["global_step"])
-        truncate_run_after(self.run, step)
+        self.run.truncate_after(step)
         eval_s = float(saved.get("eval_s", 0.0))
         self.training_clock = TrainingClock(float(saved.get("elapsed_s", 0.0)) - eval_s, eval_s)
         self.training_clock.start()
+        self.best.restore(saved.get("best"))
         self.last_saved_step = step
-        if self.trainer is not None:
-            # TRL counts micro-steps to decide when to generate; a resumed trainer starts its count at 0.
-            self.trainer._step = step * self.cfg.gradient_accumulation_steps
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         step = int(state.global_step)
@@ -645,23 +663,27 @@ class RunDirCallback(TrainerCallback):
         if self.cfg.save_trajectories and trajs:
             for t in trajs:
                 t.metadata["step"] = step
-            write_trajectories(self.run.trajectories / f"step-{step:06d}.jsonl.gz", trajs)
-        # Every eval_steps steps and the last one, so a run always ends on a measured point.
-        if self.cfg.eval_steps and (step % self.cfg.eval_steps == 0 or step == int(state.max_steps)):
+            self.run.write_step_trajectories(step, trajs)
+        if trajs and self.cadence.should_sample(step):
+            self.run.write_samples(step, trajs, self._tokenizer())
+        if self.cadence.should_evaluate(step):
             self._evaluate(step)
-        if self.cfg.save_steps and step % self.cfg.save_steps == 0:
-            # Saved by the trainer after this step's log line (SearchGRPOTrainer._save_checkpoint), so a
-            # checkpoint never lacks its own step in metrics.jsonl.
+        # Set here, acted on by transformers right after this event: the log line first, then the checkpoint
+        # (SearchGRPOTrainer._save_checkpoint), so a checkpoint never lacks its own step in metrics.jsonl.
+        if self.cadence.should_log(step, self.pending_eval):
+            control.should_log = True
+        if self.cadence.should_save(step) or self.best_pending:
             control.should_save = True
 
     def on_log(
         self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kw: Any
     ) -> None:
         numbers = {k: v for k, v in (logs or {}).items() if isinstance(v, int | float)}
+        numbers.update({ours: numbers[trl] for trl, ours in TRL_TO_PPO_NAMES.items() if trl in numbers})
         line = {"step": int(state.global_step), "episode": self.reward.episodes, **self.clock(), **numbers}
         line.update(self.pending_eval)
         self.pending_eval = {}
-        append_jsonl(self.run.metrics, line)
+        self.run.log_metrics(line)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         step = int(state.global_step)
@@ -671,8 +693,13 @@ class RunDirCallback(TrainerCallback):
     # -- checkpoints: a temporary folder renamed into place, `trainer_state.json` marks completion ---
     def save_checkpoint(self, step: int) -> Path:
         """`step-N/policy` (weights + tokenizer), `step-N/trl` (TRL's optimizer, scheduler, RNG and trainer
-        state, what `resume_from_checkpoint` reads), and our `step-N/trainer_state.json` last."""
+        state, what `resume_from_checkpoint` reads), and our `step-N/trainer_state.json` last; then the best
+        is named and old checkpoints pruned (`save_total_limit`, never the newest or the best)."""
         final = self.run.write_checkpoint(step, lambda folder: self._fill_checkpoint(folder, step))
+        if self.best_pending:
+            self.best_pending = False
+            self.best.record(final)
+        self.run.prune_checkpoints(self.cfg.save_total_limit, {final, self.best.checkpoint})
         self.last_saved_step = step
         return final
 
@@ -684,7 +711,9 @@ class RunDirCallback(TrainerCallback):
         trainer.processing_class.save_pretrained(folder / "policy")
         trl_dir = folder / "trl"
         trl_dir.mkdir()
-        # transformers' own pieces of `Trainer._save_checkpoint`, minus the weights (saved above, once).
+        # transformers' own pieces of `Trainer._save_checkpoint`, minus the weights (saved above, once). Private
+        # methods of transformers' Trainer: the public `save_model` writes weights only, and nothing public
+        # writes the optimizer, scheduler, scaler and RNG states that `resume_from_checkpoint` reads.
         trainer._save_optimizer_and_scheduler(str(trl_dir))
         trainer._save_scaler(str(trl_dir))
         trainer._save_rng_state(str(trl_dir))
@@ -701,13 +730,9 @@ class RunDirCallback(TrainerCallback):
                 "elapsed_s": clock["time/elapsed_s"],
                 "eval_s": self.training_clock.eval_seconds,
                 "rollout_calls": self.rollout.calls if self.rollout is not None else 0,
+                "best": self.best.best,
             },
         )
-
-
-def truncate_run_after(run: RunDir, step: int) -> None:
-    """Drop what a killed run wrote after `step` (`RunDir.truncate_after`, shared with PPO)."""
-    run.truncate_after(step)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -800,18 +825,27 @@ def build_grpo_trainer(
         return SearchEnvironment(backend, env_config, tokenizer=tokenizer)
 
     reward = RubricReward(rubric, tokenizer)
-    evaluator = None
+    evaluate = None
     if eval_rows and (cfg.eval_steps or cfg.eval_on_start):
-        evaluator = DevEvaluator(
-            run,
-            tokenizer,
-            search_env,
-            list(eval_rows)[: cfg.num_eval_questions],
-            rubric,
-            generation_config_for(cfg, temperature=cfg.eval_temperature),
-            cfg.eval_batch_size,
-        )
-    run_callback = RunDirCallback(cfg, run, reward, evaluator)
+        dev_rows = [
+            {k: r[k] for k in ROW_COLUMNS if k in r} for r in list(eval_rows)[: cfg.num_eval_questions]
+        ]
+        eval_config = generation_config_for(cfg, temperature=cfg.eval_temperature)
+
+        def evaluate(model: Any) -> dict[str, float]:
+            # The dev loop every trainer shares, with our engine in both modes, at eval_temperature.
+            return evaluate_during_training(
+                model,
+                tokenizer,
+                dev_rows,
+                search_env,
+                eval_config,
+                rubric=rubric,
+                batch_size=cfg.eval_batch_size,
+                seed=eval_config.seed,
+            )
+
+    run_callback = RunDirCallback(cfg, run, reward, evaluate)
     mode_kwargs: dict[str, Any]
     if cfg.mode == "trl_loop":
         mode_kwargs = {"environment_factory": tool_env_factory(backend, env_config, tokenizer)}
@@ -916,21 +950,6 @@ def resume_state(cfg: GRPORunConfig, run: RunDir) -> tuple[Path, dict[str, Any]]
     return checkpoint, saved
 
 
-def open_search_backend(cfg: GRPORunConfig) -> Backend:
-    """The run's search engine: a local index directory or a `searchrl serve` URL."""
-    if cfg.index_dir:
-        from searchrl.search.index import load_index
-
-        return load_index(cfg.index_dir)
-    if cfg.search_url:
-        from searchrl.search.client import HTTPBackend
-
-        return HTTPBackend(cfg.search_url, token=os.environ.get("SEARCHRL_SERVE_TOKEN"))
-    raise ConfigError(
-        "no search backend: set index_dir (from `searchrl index`) or search_url (`searchrl serve`)"
-    )
-
-
 def run_grpo(cfg: GRPORunConfig, resume: bool = False) -> Path:
     """Train GRPO as `cfg` says and return the run directory (what the demo's side-by-side reads).
 
@@ -940,6 +959,7 @@ def run_grpo(cfg: GRPORunConfig, resume: bool = False) -> Path:
     """
     from searchrl.data.datasets import load_qa
     from searchrl.models.tiny import load_policy, load_tokenizer
+    from searchrl.search.index import SearchConfig, open_backend
 
     if not cfg.policy_model_path:
         raise ConfigError(
@@ -951,7 +971,7 @@ def run_grpo(cfg: GRPORunConfig, resume: bool = False) -> Path:
     tokenizer = load_tokenizer(cfg.tokenizer_path or cfg.policy_model_path)
     model = load_policy(cfg.policy_model_path)
     model.train()
-    backend = open_search_backend(cfg)
+    backend = open_backend(SearchConfig.of_run(cfg))
     rubric = load_rubric(cfg.reward_config_path) if cfg.reward_config_path else default_rubric()
     train_rows = load_qa(cfg.train_file)
     eval_rows = load_qa(cfg.dev_file) if cfg.dev_file else None

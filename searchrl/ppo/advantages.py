@@ -206,9 +206,12 @@ def apply_missing_eos_penalty(
 def masked_explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> float:
     """`1 - Var(returns - values) / Var(returns)` over valid positions (1 = perfect critic, <= 0 = useless).
 
-    Returns NaN when the returns have no variance (explained variance is undefined then).
+    Returns NaN when fewer than two positions are valid or the returns have no variance (explained
+    variance is undefined then).
     """
     valid = as_bool_mask(mask, values)
+    if int(valid.sum()) < 2:
+        return float("nan")
     returns_var = masked_var(returns, valid, unbiased=False)
     if float(returns_var) == 0.0:
         return float("nan")

@@ -3,10 +3,15 @@
 Each rank rolls out its own slice of the global batch, so every statistic that must be global goes through
 here: token counts for the micro-batch weights (sums), the KL fed to the controller (means), the whitening
 of rewards and advantages (mean and unbiased variance over every rank's action tokens), the logged metrics
-(means over ranks, maxima for `*max*` keys) and the training clock (the main process's readings).
+(means over ranks, maxima for `*max*` keys) and the training clock (the main process's readings). The
+DeepSpeed set-up (batch fields, frozen models sharded for inference, weights gathered for generation) lives
+here too.
 """
 
 from __future__ import annotations
+
+import contextlib
+from typing import Any
 
 import numpy as np
 import torch
@@ -81,3 +86,34 @@ class RankOps:
             return values
         both = torch.tensor(values, dtype=torch.float64, device=self.device)
         return tuple(float(x) for x in broadcast(both, from_process=0).tolist())
+
+
+def configure_deepspeed(accelerator: Accelerator, args: Any) -> None:
+    """Fill the batch fields DeepSpeed needs but cannot infer without a dataloader (NOT run here).
+
+    One DeepSpeed "step" is one of our optimizer steps: `micro_batches_per_mini_batch` micro-batches of
+    `per_device_train_batch_size` episodes; gradient clipping moves into the engine.
+    """
+    ds_config = accelerator.state.deepspeed_plugin.deepspeed_config
+    ds_config["train_micro_batch_size_per_gpu"] = args.per_device_train_batch_size
+    ds_config["gradient_accumulation_steps"] = args.micro_batches_per_mini_batch
+    ds_config["gradient_clipping"] = args.max_grad_norm
+
+
+def prepare_for_inference(model: torch.nn.Module, accelerator: Accelerator, uses_deepspeed: bool) -> Any:
+    """Reference and reward models: frozen, no optimizer. DeepSpeed shards them for inference
+    (`trl.models.prepare_deepspeed`, ZeRO-3 aware); otherwise they are only moved to the device."""
+    if uses_deepspeed:
+        from trl.models import prepare_deepspeed
+
+        return prepare_deepspeed(model, accelerator)
+    return model.to(accelerator.device)
+
+
+def gathered_for_generation(wrapped_model: Any, accelerator: Accelerator, uses_deepspeed: bool) -> Any:
+    """ZeRO-3 partitions the weights: gather them for generation (NOT run here); else nothing to do."""
+    if not uses_deepspeed:
+        return contextlib.nullcontext()
+    from trl.models import unwrap_model_for_generation
+
+    return unwrap_model_for_generation(wrapped_model, accelerator)

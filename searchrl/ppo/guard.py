@@ -1,17 +1,20 @@
 """The collapse guard: the most common complaint in search-agent RL is a run that collapses (entropy to zero,
 KL exploding, format broken, reward falling, NaN in the passes) unnoticed. `CollapseGuard` watches the mean
 of a window of steps' metrics and says why a bound was crossed; the trainer then rolls back to the last good
-checkpoint and lowers the learning rate (`PPOTrainer._collapse_check`). Its state is checkpointed.
+checkpoint and lowers the learning rate (`roll_back_on_collapse`). Its state is checkpointed.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import Any
 
 import numpy as np
 
 from searchrl.ppo.config import PPOConfig
+
+logger = logging.getLogger(__name__)
 
 # ---------------------------------------------------------------------------------------------
 
@@ -104,3 +107,51 @@ def rescale_learning_rates(optimizer: Any, lr_scheduler: Any, factor: float) -> 
     if hasattr(lr_scheduler, "base_lrs"):
         lr_scheduler.base_lrs = [lr * factor for lr in lr_scheduler.base_lrs]
         lr_scheduler._last_lr = [g["lr"] for g in optimizer.param_groups]
+
+
+def roll_back_on_collapse(trainer: Any, metrics: dict[str, Any]) -> bool:
+    """Roll the trainer back to its last good checkpoint with a lower learning rate when the guard fires.
+
+    The failed step's metrics stay in the log (with `guard/*` keys saying why); `step` then restarts from
+    the checkpoint's step, so the log's `step` column can repeat after a rollback. The cut compounds: after
+    n rollbacks both learning rates are `collapse_lr_decay ** n` of the schedule's.
+    """
+    from searchrl.common.run import step_of_name
+
+    reason = trainer.guard.check({k: v for k, v in metrics.items() if isinstance(v, int | float)})
+    if reason is None or trainer.last_good_checkpoint is None:
+        return False
+    if step_of_name(trainer.last_good_checkpoint.name) == trainer.global_step - 1:
+        # This step's rollouts were sampled by the last good weights themselves: rolling back would redo the
+        # same rollouts (same step, same seed) from the same weights. Say so and go on.
+        metrics["guard/reason"] = reason
+        metrics["guard/no_rollback"] = 1.0
+        logger.warning("collapse guard: %s at step %d, on the last good weights' own rollouts: no rollback",
+                       reason, trainer.global_step)  # fmt: skip
+        return False
+    args = trainer.args
+    if trainer.rollbacks >= args.collapse_max_rollbacks:
+        if trainer.is_main:
+            trainer.run.log_metrics({**metrics, "guard/reason": reason, "guard/gave_up": 1.0})
+        raise RuntimeError(
+            f"collapse guard: the run collapsed again at step {trainer.global_step} ({reason}) after "
+            f"{trainer.rollbacks} rollbacks (collapse_max_rollbacks={args.collapse_max_rollbacks}); "
+            "lower learning_rate, raise kl_coef, or loosen the collapse_* bounds"
+        )
+    failed_step = trainer.global_step
+    rollbacks, lr_scale = trainer.rollbacks + 1, trainer.lr_scale * args.collapse_lr_decay
+    trainer.load_checkpoint(trainer.last_good_checkpoint, restore_clock=False)
+    trainer.unverified_checkpoint = None  # its weights produced the collapse
+    # The checkpoint's scheduler already carries its own lr_scale: scale by the ratio only.
+    rescale_learning_rates(trainer.optimizer, trainer.lr_scheduler, lr_scale / trainer.lr_scale)
+    trainer.rollbacks, trainer.lr_scale = rollbacks, lr_scale
+    trainer.guard.reset_window()
+    metrics.update({
+        "guard/rollback": 1.0,
+        "guard/rollbacks": float(trainer.rollbacks),
+        "guard/lr_scale": trainer.lr_scale,
+        "guard/rolled_back_to_step": float(trainer.global_step),
+        "guard/failed_step": float(failed_step),
+        "guard/reason": reason,
+    })  # fmt: skip
+    return True

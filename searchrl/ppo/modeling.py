@@ -19,13 +19,14 @@ from __future__ import annotations
 import copy
 import logging
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import AutoModelForSequenceClassification
 
-from searchrl.models.forward_patches import independent_copy, remove_trainer_forward_patches
+from searchrl.models.forward_patches import independent_copy, remove_trainer_forward_patches, shares_storage
 from searchrl.ppo.losses import entropy_from_logits
 from searchrl.rollout.generator import sampling_log_probs
 
@@ -159,6 +160,51 @@ def frozen_copy(model: nn.Module) -> nn.Module:
     for p in ref.parameters():
         p.requires_grad_(False)
     return ref
+
+
+def assemble_models(
+    model: nn.Module,
+    ref_model: nn.Module | None,
+    value_model: nn.Module | None,
+    value_mode: str,
+    peft_config: Any = None,
+    gradient_checkpointing: bool = False,
+) -> tuple[PolicyAndValue, nn.Module | None, bool]:
+    """(policy + critic module, frozen reference, is_peft) from the models a user passes `PPOTrainer`.
+
+    Trainer wrappers go first (`prepare_policy`); a reference or critic sharing storage with the policy is
+    refused; the critic is built from the base weights before any adapter is injected; without a reference
+    the policy's frozen copy is made (with PEFT, None: the reference is the policy with its adapter
+    disabled). Dropout is off in every model: PPO's ratio compares two passes over the same tokens.
+    """
+    prepare_policy(model)
+    for role, side in (("ref_model", ref_model), ("value_model", value_model)):
+        if side is not None:
+            prepare_policy(side, role)
+            if shares_storage(side, model):
+                raise ValueError(
+                    f"{role} shares weights with the policy, so it would move with every update; pass an "
+                    f"independent model (or None to have one built from the policy)"
+                )
+    already_peft = hasattr(model, "disable_adapter")
+    if already_peft and peft_config is not None:
+        raise ValueError("model is already a PeftModel: pass peft_config=None, or pass the base model")
+    if value_model is None and value_mode == "separate":
+        value_model = value_model_from_policy(model.get_base_model() if already_peft else model)
+    if peft_config is not None:
+        from peft import get_peft_model
+
+        model = get_peft_model(model, peft_config)
+    is_peft = hasattr(model, "disable_adapter")
+    if ref_model is None and not is_peft:
+        ref_model = frozen_copy(model)
+    if gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+    module = PolicyAndValue(model, value_model, value_mode)
+    for m in (module.policy, value_model, ref_model):
+        if m is not None:
+            disable_dropout(m)
+    return module, ref_model, is_peft
 
 
 def load_adapter_weights(model: nn.Module, path: Path) -> None:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from searchrl.common.config import ConfigError
 from searchrl.common.io import atomic_write_json
 from searchrl.search.base import Backend
 from searchrl.search.bm25 import BM25Backend, BM25Params
@@ -162,6 +163,9 @@ def load_index(
     raise IndexFormatError(f"{index_dir}: meta.json names unknown backend {meta['backend']!r}")
 
 
+SERVE_TOKEN_ENV = "SEARCHRL_SERVE_TOKEN"  # what `searchrl serve` reads its token from, and clients too
+
+
 @dataclass
 class SearchConfig:
     """How a run reaches its search engine: a local index or a URL, plus cache and fault injection."""
@@ -170,11 +174,28 @@ class SearchConfig:
     url: str | None = field(
         default=None, metadata={"help": "Retrieval server URL (instead of a local index)."}
     )
+    corpus: str | None = field(
+        default=None,
+        metadata={"help": "Corpus JSONL to build 'index' from when that folder does not exist yet."},
+    )
+    index_backend: str = field(
+        default="bm25", metadata={"help": "What to build from 'corpus': bm25 or dense."}
+    )
+    model_path: str | None = field(
+        default=None,
+        metadata={
+            "help": "Dense index: the encoder's local folder it was built with (null: $SEARCHRL_DENSE_MODEL, "
+            "else the bundled MiniLM)."
+        },
+    )
     protocol: str = field(
         default="search_r1", metadata={"help": "Server wire format: search_r1, flashrag, skyrl."}
     )
     token: str | None = field(
-        default=None, metadata={"help": "Bearer token for the server, if it wants one."}
+        default=None,
+        metadata={
+            "help": f"Bearer token for the server, if it wants one (null: ${SERVE_TOKEN_ENV}, if set)."
+        },
     )
     connect_timeout: float = field(default=2.0, metadata={"help": "Seconds to wait for a connection."})
     read_timeout: float = field(default=30.0, metadata={"help": "Seconds to wait for an answer."})
@@ -192,22 +213,54 @@ class SearchConfig:
     )
     fault_latency_ms: float = field(default=0.0, metadata={"help": "Latency added to every call, in ms."})
 
+    @classmethod
+    def of_run(cls, run: Any, index: str | os.PathLike | None = None) -> SearchConfig:
+        """The search settings of a PPO or GRPO run config (`index_dir`, `search_url`, `search_backend`,
+        `corpus_path`, `search_timeout_s`), or of `index` when given (an evaluation's `--index`).
 
-def open_backend(cfg: SearchConfig) -> Backend:
-    """The backend a config describes: index or URL, then faults (if any), then the cache on top.
+        PPO's `search_backend: http` (GRPO has no such field: its `search_url` alone says so) takes the URL;
+        otherwise the index directory, built from `corpus_path` first when it does not exist yet.
+        """
+        timeout = float(getattr(run, "search_timeout_s", 30.0) or 30.0)
+        if index is not None:
+            return cls(index=str(index), read_timeout=timeout)
+        kind = getattr(run, "search_backend", None)
+        url = getattr(run, "search_url", None)
+        if kind == "http" or (kind is None and url):
+            if not url:
+                raise ConfigError("search_backend is 'http' but search_url is not set (see `searchrl serve`)")
+            return cls(url=url, read_timeout=timeout)
+        if not getattr(run, "index_dir", None):
+            raise ConfigError(
+                "no search engine: set index_dir (a folder made by `searchrl index`, or a new one built from "
+                "corpus_path) or search_url (a `searchrl serve` server)"
+            )
+        return cls(
+            index=str(run.index_dir),
+            corpus=str(run.corpus_path) if getattr(run, "corpus_path", None) else None,
+            index_backend=kind or "bm25",
+            read_timeout=timeout,
+        )
 
-    The cache sits outside the faults so that a replayed snapshot is fault-free and reproducible;
-    faults apply to what the live backend answers.
+
+def open_backend(cfg: SearchConfig | str | os.PathLike) -> Backend:
+    """The one way to open a search engine: the backend a config (or an index directory) describes.
+
+    Index (built from `corpus` first when the folder is missing) or URL, then faults (if any), then the
+    cache on top. The cache sits outside the faults so that a replayed snapshot is fault-free and
+    reproducible; faults apply to what the live backend answers.
     """
     from searchrl.search.cache import CachedBackend
     from searchrl.search.client import HTTPBackend
     from searchrl.search.faults import FaultInjectingBackend
 
+    if not isinstance(cfg, SearchConfig):
+        cfg = SearchConfig(index=str(cfg))
     if bool(cfg.index) == bool(cfg.url) and cfg.cache_mode != "replay":
         raise ValueError("search config needs exactly one of 'index' (a local index dir) or 'url' (a server)")
     backend: Backend | None = None
     if cfg.index:
-        backend = load_index(cfg.index)
+        backend = _open_or_build_index(cfg)
     elif cfg.url:
         backend = HTTPBackend(
             cfg.url,
@@ -215,7 +268,7 @@ def open_backend(cfg: SearchConfig) -> Backend:
             connect_timeout=cfg.connect_timeout,
             read_timeout=cfg.read_timeout,
             max_retries=cfg.max_retries,
-            token=cfg.token,
+            token=cfg.token if cfg.token is not None else (os.environ.get(SERVE_TOKEN_ENV) or None),
         )
     rates = (cfg.fault_timeout_rate, cfg.fault_error_rate, cfg.fault_drop_rate, cfg.fault_shuffle_rate)
     if backend is not None and (any(rates) or cfg.fault_latency_ms):
@@ -233,3 +286,16 @@ def open_backend(cfg: SearchConfig) -> Backend:
     if backend is None:
         raise ValueError("cache_mode 'replay' needs 'cache' (the snapshot file)")
     return backend
+
+
+def _open_or_build_index(cfg: SearchConfig) -> Backend:
+    assert cfg.index is not None
+    if Path(cfg.index).exists() or not cfg.corpus:
+        return load_index(cfg.index, model_path=cfg.model_path)
+    if not Path(cfg.corpus).is_file():
+        raise FileNotFoundError(
+            f"{cfg.index}: no index there, and the corpus to build it from ({cfg.corpus}) does not exist; create the "
+            "synthetic task with `searchrl data synth --size tiny --out runs/demo/data` (or `searchrl demo`)"
+        )
+    params = {"model_path": cfg.model_path} if cfg.index_backend == "dense" and cfg.model_path else {}
+    return build_index(cfg.corpus, cfg.index, backend=cfg.index_backend, **params)

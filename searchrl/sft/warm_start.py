@@ -500,13 +500,13 @@ def run_warm_start_pipeline(
     from searchrl.common.trajectory import write_trajectories
     from searchrl.models.tiny import build_policy, load_policy, load_tokenizer, tokenizer_training_texts
     from searchrl.models.tiny import train_tokenizer as train_bpe
-    from searchrl.search.index import load_index
+    from searchrl.search.index import open_backend
     from searchrl.sft.expert import ExpertPolicy
 
     config = config or SFTRunConfig()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    backend = load_index(index_dir)
+    backend = open_backend(index_dir)
     if model_path is not None:
         tokenizer, policy = load_tokenizer(model_path), load_policy(model_path)
     else:
