@@ -127,13 +127,16 @@ def test_the_dev_loop_both_trainers_run_samples_each_chunk_with_its_own_seed(wor
     config = dataclasses.replace(generation_config_from_ppo(cfg), temperature=1.0, max_new_tokens_per_turn=8)
     seeds = []
 
-    def engine(model, tokenizer, c):
-        seeds.append((c.seed, c.temperature))
-        return HFGenerator(model, tokenizer, c)
+    class RecordingGenerator(HFGenerator):  # a trainer's own engine, reused chunk after chunk
+        def rollout(self, *args, **kw):
+            seeds.append((self.config.seed, self.config.temperature))
+            return super().rollout(*args, **kw)
 
+    engine = RecordingGenerator(policy, tok, config)
     kwargs = {"rubric": default_rubric(), "batch_size": 2, "seed": 7}
-    line = evaluate_during_training(policy, tok, rows, env, config, generator_factory=engine, **kwargs)
+    line = evaluate_during_training(policy, tok, rows, env, config, generator=engine, **kwargs)
     assert seeds == [(7, 1.0), (9, 1.0)]  # sampled at the given temperature, not greedily
+    assert engine.config == config  # the trainer's engine gets its own config back
     assert set(line) == {"eval/exact_match", "eval/f1", "eval/searches_per_question", "eval/reward"}
     result = evaluate_policy(policy, tok, rows, env, config, decode_greedy=False, **kwargs)
     direct = HFGenerator(policy, tok, dataclasses.replace(config, seed=9)).rollout([env(), env()], rows[2:])
