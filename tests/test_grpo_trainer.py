@@ -282,6 +282,33 @@ def test_trl_loop_mode_trains_through_trls_tool_loop(world: World) -> None:
     assert searched > 0, "no search reached the index through TRL's loop"
 
 
+class CountingBackend:
+    """The world's index, counting the searches that reach it."""
+
+    def __init__(self, backend: Any) -> None:
+        self.backend, self.fingerprint, self.searches = backend, backend.fingerprint, 0
+
+    def search(self, queries: list[str], k: int) -> list[list[Any]]:
+        self.searches += len(queries)
+        return self.backend.search(queries, k)
+
+
+@pytest.mark.parametrize("mode", ["trl_loop", "our_rollout"])
+def test_max_tool_calls_zero_is_no_search_in_both_modes(world: World, mode: str) -> None:
+    """PPO's `max_tool_calls: 0` (closed book in the same protocol) trains in GRPO too: every call the policy
+    makes gets the over-budget observation, and no search reaches the index."""
+    backend = CountingBackend(world.backend)
+    cfg = base_config(
+        world.root, mode, max_tool_calls=0, max_steps=1, output_dir=str(world.root / f"nosearch-{mode}")
+    )
+    policy = load_policy(world.policy_dir).train()
+    build_grpo_trainer(cfg, policy, world.tokenizer, backend, world.train_rows).train()
+    calls = [r for t in read_trajectories(cfg.run_dir) for r in t["tool_calls"]]
+    assert any(r["status"] == "over_budget" for r in calls), "the warm-started policy never tried to search"
+    assert all(r["status"] in ("over_budget", "malformed") and not r["doc_ids"] for r in calls)
+    assert backend.searches == 0
+
+
 def test_both_modes_show_the_policy_the_same_prompt_tokens(world: World) -> None:
     """TRL's loop renders `search` from a method's docstring; ours from the environment: same tokens."""
     cfg = base_config(world.root, "trl_loop", tool_schema_in_prompt=True)

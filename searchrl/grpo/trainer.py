@@ -81,12 +81,12 @@ ROW_COLUMNS = ("id", "question", "golds")
 
 
 def env_config_for(cfg: GRPORunConfig) -> EnvConfig:
-    """The environment of a run: `PPOConfig.env_config`'s mapping (see `GRPORunConfig.env_config`)."""
+    """The environment of a run: its environment section's one mapping (`EnvironmentSection.env_config`)."""
     return cfg.env_config()
 
 
 def generation_config_for(cfg: GRPORunConfig, temperature: float | None = None) -> GenerationConfig:
-    """The rollout limits of a run: `generation_config_from_ppo`, PPO's own mapping (same field names)."""
+    """The rollout limits of a run: `generation_config_from_ppo`, PPO's own mapping (the same sections)."""
     config = generation_config_from_ppo(cfg)
     return config if temperature is None else replace(config, temperature=temperature)
 
@@ -845,6 +845,7 @@ def build_grpo_trainer(
             tokenizer=tokenizer,
             generation_config=asdict(generation_config_for(cfg)),
             index_fingerprint=getattr(backend, "fingerprint", None),
+            config=cfg,
             extra={
                 "trainer": "grpo",
                 "mode": cfg.mode,
@@ -913,18 +914,8 @@ def resume_state(cfg: GRPORunConfig, run: RunDir) -> tuple[Path, dict[str, Any]]
 
 
 def open_search_backend(cfg: GRPORunConfig) -> Backend:
-    """The run's search engine: a local index directory or a `searchrl serve` URL."""
-    if cfg.index_dir:
-        from searchrl.search.index import load_index
-
-        return load_index(cfg.index_dir)
-    if cfg.search_url:
-        from searchrl.search.client import HTTPBackend
-
-        return HTTPBackend(cfg.search_url, token=os.environ.get("SEARCHRL_SERVE_TOKEN"))
-    raise ConfigError(
-        "no search backend: set index_dir (from `searchrl index`) or search_url (`searchrl serve`)"
-    )
+    """The run's search engine, as its search section names it (`SearchSection.open_backend`)."""
+    return cfg.open_backend()
 
 
 def run_grpo(cfg: GRPORunConfig, resume: bool = False) -> Path:

@@ -12,7 +12,6 @@ Why a thin shell: everything the command does is `run_ppo(cfg)`, which the demo 
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
@@ -61,22 +60,7 @@ def load_questions(cfg: PPOConfig) -> tuple[list[dict], list[dict]]:
 
 def open_backend(cfg: PPOConfig) -> Any:
     """The search engine: a local index (built from `corpus_path` when missing) or a search server."""
-    if cfg.search_backend == "http":
-        from searchrl.search.client import HTTPBackend
-
-        if not cfg.search_url:
-            raise ConfigError("search_backend is 'http' but search_url is not set (see `searchrl serve`)")
-        return HTTPBackend(cfg.search_url, token=os.environ.get("SEARCHRL_SERVE_TOKEN"))
-    from searchrl.search.index import build_index, load_index
-
-    if not cfg.index_dir:
-        raise ConfigError(
-            "index_dir is not set; point it at a folder made by `searchrl index` (or a new one)"
-        )
-    if not Path(cfg.index_dir).exists():
-        corpus = _existing(cfg.corpus_path, "corpus_path", f"needed to build the missing index; {SYNTH_HOW}")
-        return build_index(corpus, cfg.index_dir, backend=cfg.search_backend)
-    return load_index(cfg.index_dir)
+    return cfg.open_backend()
 
 
 def environment_factory(cfg: PPOConfig, backend: Any, tokenizer: Any) -> Callable[[], Any]:

@@ -901,6 +901,7 @@ class PPOTrainer:
                     seeds={"seed": a.seed},
                     tokenizer=self.tokenizer,
                     generation_config=asdict(self.generation_config),
+                    config=a,
                     extra={
                         "trainer": "ppo",
                         "value_mode": a.value_mode,
