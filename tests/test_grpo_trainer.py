@@ -295,18 +295,29 @@ class CountingBackend:
 
 @pytest.mark.parametrize("mode", ["trl_loop", "our_rollout"])
 def test_max_tool_calls_zero_is_no_search_in_both_modes(world: World, mode: str) -> None:
-    """PPO's `max_tool_calls: 0` (closed book in the same protocol) trains in GRPO too: every call the policy
-    makes gets the over-budget observation, and no search reaches the index."""
+    """PPO's `max_tool_calls: 0` (closed book in the same protocol) trains in GRPO too: the calls the policy
+    makes get an error observation (over budget, or what was malformed), and no search reaches the index."""
     backend = CountingBackend(world.backend)
-    cfg = base_config(
-        world.root, mode, max_tool_calls=0, max_steps=1, output_dir=str(world.root / f"nosearch-{mode}")
-    )
+    run = world.root / f"nosearch-{mode}"
+    cfg = base_config(world.root, mode, max_tool_calls=0, max_steps=1, output_dir=str(run))
     policy = load_policy(world.policy_dir).train()
-    build_grpo_trainer(cfg, policy, world.tokenizer, backend, world.train_rows).train()
-    calls = [r for t in read_trajectories(cfg.run_dir) for r in t["tool_calls"]]
-    assert any(r["status"] == "over_budget" for r in calls), "the warm-started policy never tried to search"
-    assert all(r["status"] in ("over_budget", "malformed") and not r["doc_ids"] for r in calls)
+    before = {n: p.detach().clone() for n, p in policy.named_parameters()}
+    trainer = build_grpo_trainer(cfg, policy, world.tokenizer, backend, world.train_rows)
+    trainer.train()
+    assert_parameters_changed(trainer, before)
+    calls = [r for t in read_trajectories(run) for r in t["tool_calls"]]
+    assert calls, "the warm-started policy never tried to search"
+    assert all(r["status"] != "ok" and not r["doc_ids"] for r in calls)
     assert backend.searches == 0
+    # The tool TRL's loop calls, and our engine's environment, answer a well-formed search with "over budget".
+    tool = tool_env_factory(backend, cfg.env_config(), world.tokenizer)()
+    tool.reset(**world.train_rows[0])
+    assert "budget" in tool.search(query=world.train_rows[0]["question"])
+    assert tool.environment.records[-1].status == "over_budget"
+    env = SearchEnvironment(backend, cfg.env_config(), tokenizer=world.tokenizer)
+    env.reset(dict(world.train_rows[0]))
+    step = env.step(format_tool_call("search", {"query": world.train_rows[0]["question"]}))
+    assert [r.status for r in step.records] == ["over_budget"] and backend.searches == 0
 
 
 def test_both_modes_show_the_policy_the_same_prompt_tokens(world: World) -> None:
