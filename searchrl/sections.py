@@ -1,4 +1,4 @@
-"""The settings PPO, GRPO, SFT and the demos share, in sections: each one declared, documented and checked once.
+"""The settings PPO, GRPO, SFT and the demos share, in sections: each declared, documented and checked once.
 
 What: seven dataclasses, one per concern.
 
@@ -11,6 +11,9 @@ What: seven dataclasses, one per concern.
   budgets), mapped onto the environment's `EnvConfig` by `env_config()`, its one mapping;
 - `GenerationSection`: sampling (training and evaluation temperatures, nucleus and top-k);
 - `TrainingSection`: the batch, the episode budget and the optimiser.
+
+`topk` and `search_timeout_s` are environment settings, not search ones: the environment applies them (its
+default k per call and its deadline), and SFT and the demos set them without naming a search engine.
 
 How they are used. A trainer config keeps TRL's flat shape by inheriting the sections (`PPOConfig(...,
 max_turns=3)`, `args.max_turns`, flat YAML files) and adds only its algorithm's fields. The demos and SFT hold
@@ -25,7 +28,8 @@ turns, searches, top-k, deadline, observation tokens) are checked by `EnvConfig`
 same values with the same words.
 
 Why this module sits above `searchrl.env` and `searchrl.search` (not in `searchrl.common`): the environment
-section maps onto `EnvConfig` and the search section opens a backend; the trainers, SFT and the demos sit above.
+section maps onto `EnvConfig` and the search section opens a backend; the trainers, SFT and the demos sit
+above it.
 """
 
 from __future__ import annotations
@@ -497,17 +501,6 @@ class TrainingSection(Section):
         return self.per_device_train_batch_size * self.gradient_accumulation_steps
 
 
-SECTIONS: tuple[type, ...] = (
-    RunSection,
-    ModelSection,
-    DataSection,
-    SearchSection,
-    EnvironmentSection,
-    GenerationSection,
-    TrainingSection,
-)
-
-
 def _require_int(condition: bool, name: str, value: object, rule: str = ">= 1") -> None:
     require(
         isinstance(value, int) and not isinstance(value, bool) and condition,
@@ -530,15 +523,15 @@ def _declaring_class(cls: type, name: str) -> type:
 
 
 def with_sections_of(target_cls: type[T], *sources: Any, **overrides: Any) -> T:
-    """A `target_cls` config whose fields come from `sources` where they share the declaring class, then `overrides`.
+    """A `target_cls` config with the sections it shares with `sources` copied from them, then `overrides`.
 
     A field of `target_cls` is copied from a source when the source is an instance of the class that declares
     the field: a `PPOConfig` onto `GRPORunConfig` copies every section both inherit (run, model, data, search,
     environment, generation, training) and nothing PPO-only; a demo's `environment` part onto `PPOConfig`
-    copies that section. Fields no source shares keep `target_cls`'s defaults, and so do `RUN_IDENTITY`'s
-    (a config built from another is another run: it never writes into the source's run directory). Two sources giving the same
-    field, or an override that is no field of `target_cls`, raise ConfigError: nothing can disagree silently.
-    The result is validated like any config (`check_sections`).
+    copies that section. Fields no source shares keep `target_cls`'s defaults, and so do `RUN_IDENTITY`'s (a
+    config built from another is another run: it never writes into the source's run directory). Two sources
+    giving one field, or an override that is no field of `target_cls`, raise ConfigError: nothing can
+    disagree silently. The result is checked like any config (`check_sections`).
 
         grpo = with_sections_of(GRPORunConfig, ppo_args, mode="trl_loop", output_dir="runs/grpo")
     """

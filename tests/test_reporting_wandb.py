@@ -84,7 +84,9 @@ def read_wandb_history_when_written(path, rows: int, timeout_s: float = 60.0) ->
         time.sleep(0.2)
 
 
-def test_ppo_metrics_reach_wandb_offline_at_their_steps(tmp_path, monkeypatch):
+@pytest.fixture
+def offline_wandb(tmp_path, monkeypatch):
+    """wandb in offline mode writing under tmp_path/wb; set up afresh, so an earlier test's run dir is not reused."""
     import wandb
 
     monkeypatch.setenv("WANDB_MODE", "offline")
@@ -92,6 +94,13 @@ def test_ppo_metrics_reach_wandb_offline_at_their_steps(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_PROJECT", "searchrl-tests")
     monkeypatch.setenv("WANDB_SILENT", "true")
     (tmp_path / "wb").mkdir()
+    wandb.teardown()  # wandb keeps its settings per process: read the variables above again
+    yield wandb
+    wandb.teardown()
+
+
+def test_ppo_metrics_reach_wandb_offline_at_their_steps(tmp_path, offline_wandb):
+    wandb = offline_wandb
     (tmp_path / "world").mkdir()
     world = build_world(tmp_path / "world")
     trainer = make_trainer(world, tmp_path, total_episodes=8, report_to=["wandb"])
@@ -114,14 +123,8 @@ def test_ppo_metrics_reach_wandb_offline_at_their_steps(tmp_path, monkeypatch):
             assert logged[f"train/{key}"] == pytest.approx(value, rel=1e-6, abs=1e-12), key
 
 
-def test_grpo_metrics_reach_wandb_offline_at_their_steps(tmp_path, monkeypatch):
-    import wandb
-
-    monkeypatch.setenv("WANDB_MODE", "offline")
-    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wb"))
-    monkeypatch.setenv("WANDB_PROJECT", "searchrl-tests")
-    monkeypatch.setenv("WANDB_SILENT", "true")
-    (tmp_path / "wb").mkdir()
+def test_grpo_metrics_reach_wandb_offline_at_their_steps(tmp_path, offline_wandb):
+    wandb = offline_wandb
     (tmp_path / "world").mkdir()
     world = build_world(tmp_path / "world")
     cfg = GRPORunConfig(
