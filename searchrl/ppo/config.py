@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import ClassVar, Literal
+from typing import ClassVar, Literal, Self
 
 from searchrl.common.config import ConfigError
 from searchrl.ppo.kl import KL_ESTIMATORS
@@ -324,7 +324,7 @@ class PPOSection(RunSection, TrainingSection):
     def adaptive_kl(self) -> bool:
         return self.kl_target is not None
 
-    def finalize(self, world_size: int = 1, num_train_rows: int | None = None) -> PPOSection:
+    def finalize(self, world_size: int = 1, num_train_rows: int | None = None) -> Self:
         """Compute the batch arithmetic for `world_size` processes and a train set of `num_train_rows`.
 
         Raises ValueError, saying what to change, when the sizes do not divide. Returns self.
