@@ -72,6 +72,25 @@ class DemoRun:
         return self.run_dir / "sft" / "expert.jsonl.gz"
 
 
+def demo_overrides(overrides: dict[str, Any]) -> dict[str, Any]:
+    """PPOConfig field overrides as the demo config's dotted keys: each under the part that declares it.
+
+    `{"kl_coef": 0.1, "max_turns": 3}` -> `{"ppo.kl_coef": 0.1, "environment.max_turns": 3}`.
+    """
+    demo = DemoConfig()
+    parts = {
+        name: {f.name for f in dataclasses.fields(getattr(demo, name))}
+        for name in ("ppo", "environment", "generation")
+    }
+    out = {}
+    for key, value in overrides.items():
+        home = next((name for name, fields in parts.items() if key in fields), None)
+        if home is None:
+            raise ValueError(f"{key}: not a field of the demo's PPO stage (ppo, environment or generation)")
+        out[f"{home}.{key}"] = value
+    return out
+
+
 def load_demo_run(run_dir: str | os.PathLike, overrides: dict[str, Any] | None = None) -> DemoRun:
     """Open a finished `searchrl demo` run; `overrides` are PPOConfig fields (`{"eval_steps": 2}`).
 
@@ -90,8 +109,7 @@ def load_demo_run(run_dir: str | os.PathLike, overrides: dict[str, Any] | None =
             f"--run {run} is not a finished demo run: missing {missing}; {how} and point --run at its "
             "output directory"
         )
-    ppo_overrides = {f"ppo.{k}": v for k, v in (overrides or {}).items()}
-    config = load_config(DemoConfig, run / "demo_config.yaml", ppo_overrides)
+    config = load_config(DemoConfig, run / "demo_config.yaml", demo_overrides(overrides or {}))
     data = run / "data"
     train = list(read_jsonl(data / "train.jsonl"))[: config.train_questions]
     test = list(read_jsonl(data / "test.jsonl"))[: config.test_questions]
@@ -127,7 +145,7 @@ def ppo_args(
     `eval_on_start` is off unless `changes` turns it on: each experiment chooses its own evaluation
     points (the KL sweep measures step 0 itself, on the test rows).
     """
-    base = run.config.ppo
+    base = run.config.ppo_config()
     total = int(episodes) if episodes is not None else base.total_episodes
     if total is not None and total < 1:
         raise ValueError(f"--episodes {episodes}: must be >= 1")

@@ -10,7 +10,8 @@ episodes per optimizer step (GRPO: that many divided by `--num-generations` ques
 `--num-generations` times; PPO: that many questions), the same environment limits (turns, searches,
 tokens) and one optimisation pass per batch (PPO `num_ppo_epochs=1, num_mini_batches=1`; GRPO
 `num_iterations=1`). A step is rollout + scoring + update; the first `--warmup` steps are not timed.
-One `PPOConfig` holds these settings; both GRPO modes derive theirs from it (`grpo_config_from_ppo`).
+One `PPOConfig` holds these settings; both GRPO modes copy the sections they share with it
+(`searchrl.sections.with_sections_of`).
 
 Figures: `ppo_step_s`, `grpo_trl_loop_step_s`, `grpo_our_rollout_step_s` (mean seconds per timed step),
 with the searches per episode each trainer's rollouts made (sampling differs between the loops, so this
@@ -43,7 +44,7 @@ from searchrl.common.io import write_jsonl  # noqa: E402
 from searchrl.data.synthetic import generate, preset_config  # noqa: E402
 from searchrl.env.environment import EnvConfig, SearchEnvironment  # noqa: E402
 from searchrl.env.protocol import format_answer, format_tool_call  # noqa: E402
-from searchrl.grpo.config import GRPORunConfig, grpo_config_from_ppo  # noqa: E402
+from searchrl.grpo.config import GRPORunConfig  # noqa: E402
 from searchrl.grpo.trainer import build_grpo_trainer, env_config_for  # noqa: E402
 from searchrl.models.tiny import (  # noqa: E402
     TinyModelConfig,
@@ -58,6 +59,7 @@ from searchrl.rewards.combine import default_rubric  # noqa: E402
 from searchrl.rollout.chat import render_conversation  # noqa: E402
 from searchrl.rollout.generator import GenerationConfig, HFGenerator, ScriptedPolicy  # noqa: E402
 from searchrl.search.index import build_index  # noqa: E402
+from searchrl.sections import with_sections_of  # noqa: E402
 
 
 class StepTimer(TrainerCallback):
@@ -170,9 +172,12 @@ def ppo_config(work: Path, args: argparse.Namespace) -> PPOConfig:
 
 
 def grpo_config(work: Path, mode: str, args: argparse.Namespace) -> GRPORunConfig:
-    """GRPO with the PPO run's environment, limits, batch, budget and learning rate (`grpo_config_from_ppo`)."""
-    return grpo_config_from_ppo(
-        ppo_config(work, args),
+    """GRPO with the PPO run's environment, limits, batch, budget and learning rate (the sections they share)."""
+    ppo = ppo_config(work, args)
+    return with_sections_of(
+        GRPORunConfig,
+        ppo,
+        eval_batch_size=ppo.episodes_per_step,
         mode=mode,
         output_dir=str(work / f"grpo-{mode}"),
         num_generations=args.num_generations,

@@ -9,8 +9,8 @@ BM25 index and SFT warm start `RUN/sft/policy`), this trains three policies one 
 
 each from the same SFT weights, with the same environment, rollout limits, sampling, episodes per
 optimizer step, learning rate and episode budget (`--episodes N`; `--grpo-episodes M` gives the GRPO
-trainers a budget of their own, for a comparison at equal wall-clock rather than equal episodes): GRPO's
-settings are derived from the demo's `PPOConfig` (`searchrl.grpo.warm_start.train_grpo_from_warm_start`).
+trainers a budget of their own, for a comparison at equal wall-clock rather than equal episodes): GRPO copies
+the sections it shares with the demo's `PPOConfig` (`searchrl.grpo.warm_start.train_grpo_from_warm_start`).
 During training each one evaluates on the dev split at step 0, every `eval_steps` steps and at its last
 step (greedy, our engine, `RUN/eval/step-N.json`); at the end each final policy is evaluated once on the
 hidden test split with `searchrl.evaluation.evaluate.evaluate_with_ppo_limits` (bootstrap 95% intervals),
@@ -125,7 +125,7 @@ def run_trainer(name: str, run: DemoRun, args: PPOConfig, backend: Any, out_dir:
             tok,
             run.train_rows,
             run.dev_rows,
-            env_factory,
+            backend,
             rubric,
             mode=mode,
             total_episodes=int(args.total_episodes),

@@ -309,7 +309,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     ):
         if value is not None and value < 1:
             raise ValueError(f"{flag} {value}: must be >= 1")  # fmt: skip
-    base = run.config.ppo
+    base = run.config.ppo_config()
     seed = run.config.seed if a.seed is None else a.seed
     probe = ppo_args(run, "unused", seed, a.episodes).finalize(num_train_rows=len(run.train_rows))
     total, batch = int(probe.total_episodes), int(probe.batch_size)

@@ -304,7 +304,7 @@ def run_one(spec: dict[str, Any]) -> dict[str, Any]:
     during_training = counters()
 
     # The final measurement: greedy, the demo's test questions, the clean index (as the demo measures).
-    env_config = run.config.ppo.env_config()
+    env_config = run.config.environment.env_config()
     tok = trainer.tokenizer
     result = evaluate_with_ppo_limits(
         trainer.policy,

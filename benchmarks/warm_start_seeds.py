@@ -73,7 +73,9 @@ def copy_probe(world: Any, cfg: Any, questions: int, every: int, log: list[dict[
             if state.global_step % every:
                 return
             was_training = model.training
-            result = evaluate_with_ppo_limits(model, world.tokenizer, dev, world.env_factory, cfg.ppo, seed=0)
+            result = evaluate_with_ppo_limits(
+                model, world.tokenizer, dev, world.env_factory, cfg.ppo_config(), seed=0
+            )
             model.train(was_training)
             row = {
                 "phase": phase["index"],
@@ -128,7 +130,13 @@ def worker(spec: dict[str, Any]) -> dict[str, Any]:
     world.tokenizer.save_pretrained(out / "sft" / "policy")
     dev = world.dev_rows[: spec["dev_questions"]]
     result = evaluate_with_ppo_limits(
-        sft.policy, world.tokenizer, dev, world.env_factory, cfg.ppo, rubric=default_rubric(), seed=cfg.seed
+        sft.policy,
+        world.tokenizer,
+        dev,
+        world.env_factory,
+        cfg.ppo_config(),
+        rubric=default_rubric(),
+        seed=cfg.seed,
     )
     summary = result.summary
     keys = ("exact_match", "f1", "citation_support", "format_valid", "searches_per_question")

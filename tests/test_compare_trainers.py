@@ -52,9 +52,10 @@ def test_compare_trainers_end_to_end_on_a_smoke_demo(demo_run: Path, tmp_path: P
     assert json.loads(out_json.read_text()) == json.loads(json.dumps(payload))
     assert payload["trainers_order"] == ["ppo", "grpo_trl_loop", "grpo_our_rollout"]
     demo = smoke_config()
-    per_step = demo.ppo.per_device_train_batch_size * demo.ppo.gradient_accumulation_steps
+    stage = demo.ppo_config()
+    per_step = stage.per_device_train_batch_size * stage.gradient_accumulation_steps
     assert payload["episodes"] == 16 and payload["settings"]["episodes_per_step"] == per_step == 8
-    assert payload["settings"]["env"]["max_observation_tokens"] == demo.ppo.max_observation_tokens
+    assert payload["settings"]["env"]["max_observation_tokens"] == demo.environment.max_observation_tokens
     for name, r in payload["trainers"].items():
         curve, final = r["curve"], r["final"]
         # Step 0 (the warm start), every eval step, the last step: episodes and seconds at each point.
@@ -73,7 +74,7 @@ def test_compare_trainers_end_to_end_on_a_smoke_demo(demo_run: Path, tmp_path: P
     for mode in ("trl_loop", "our_rollout"):
         cfg = load_config(GRPORunConfig, work / f"grpo_{mode}" / "config.yaml")
         assert cfg.mode == mode and Path(cfg.policy_model_path) == demo_run / "sft" / "policy"
-        assert cfg.env_config() == demo.ppo.env_config() and cfg.total_episodes == 16
+        assert cfg.env_config() == demo.environment.env_config() and cfg.total_episodes == 16
     assert Path(payload["plot"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     page = Path(payload["report"]).read_text()
     episodes_svg = re.search(r'<svg class="compare" data-x="episodes".*?</svg>', page, re.S).group(0)

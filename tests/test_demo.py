@@ -106,7 +106,7 @@ def test_demo_refuses_mismatched_expert_and_search_depth_before_writing_anything
 
     out = tmp_path / "run"
     cfg = smoke_config(out_dir=str(out))
-    cfg.expert = dataclasses.replace(cfg.expert, k=cfg.ppo.topk + 2)
+    cfg.expert = dataclasses.replace(cfg.expert, k=cfg.environment.topk + 2)
     with pytest.raises(ConfigError, match="set them equal"):
         run_demo(cfg)
     assert not out.exists()
@@ -132,3 +132,114 @@ def test_a_partial_section_in_a_demo_yaml_keeps_the_demo_s_other_settings(tmp_pa
     )
     with pytest.raises(ConfigError, match="did you mean 'trl_loss'"):
         load_config(DemoConfig, None, {"sft.trl_los": False})
+
+
+# The demo's stage settings as they were before the demo config was made of sections (PPOConfig's flat
+# `ppo:` with the environment and sampling inside): one value each, pinned so the shipped demo stays the same.
+DEMO_PPO_STAGE = {
+    "output_dir": "runs/demo/ppo",
+    "seed": 0,
+    "protocol": "chat",
+    "topk": 1,
+    "max_turns": 4,
+    "max_tool_calls": 3,
+    "max_observation_tokens": 96,
+    "citation_style": "number",
+    "system_prompt": "Answer the question; search with tool calls.",
+    "tool_schema_in_prompt": False,
+    "search_timeout_s": 5.0,
+    "max_new_tokens_per_turn": 40,
+    "max_episode_tokens": 400,
+    "temperature": 1.0,
+    "eval_temperature": 0.01,
+    "top_p": 1.0,
+    "top_k": 0,
+    "kl_coef": 0.02,
+    "kl_estimator": "k1",
+    "learning_rate": 3e-5,
+    "value_learning_rate": 3e-4,
+    "per_device_train_batch_size": 16,
+    "gradient_accumulation_steps": 2,
+    "num_mini_batches": 2,
+    "num_ppo_epochs": 2,
+    "total_episodes": 640,
+    "save_steps": 10,
+    "eval_steps": 5,
+    "eval_on_start": True,
+    "num_eval_questions": 32,
+    "collapse_guard": True,
+    "progress_bar": True,
+    "report_to": ["none"],
+    "cliprange": 0.2,
+    "vf_coef": 0.1,
+    "lam": 0.95,
+    "lr_scheduler_type": "linear",
+    "max_grad_norm": 1.0,
+}
+SMOKE_CHANGES = {
+    "output_dir": "runs/demo-smoke/ppo",
+    "per_device_train_batch_size": 8,
+    "gradient_accumulation_steps": 1,
+    "num_mini_batches": 1,
+    "num_ppo_epochs": 1,
+    "total_episodes": 16,
+    "max_new_tokens_per_turn": 32,
+    "max_episode_tokens": 300,
+    "save_steps": 1,
+    "eval_steps": 1,
+    "num_eval_questions": 8,
+    "collapse_guard": False,
+}
+
+
+@pytest.mark.parametrize("which", ["demo", "smoke"])
+def test_the_demo_stages_keep_their_settings(which: str) -> None:
+    """The PPO stage, the environment of every stage, the expert and SFT: the values the demo always had."""
+    from searchrl.demo.pipeline import DemoConfig, smoke_config
+    from searchrl.env.environment import EnvConfig
+
+    cfg = DemoConfig() if which == "demo" else smoke_config()
+    expected = DEMO_PPO_STAGE if which == "demo" else {**DEMO_PPO_STAGE, **SMOKE_CHANGES}
+    stage = cfg.ppo_config()
+    assert {name: getattr(stage, name) for name in expected} == expected
+    assert (
+        cfg.environment.env_config()
+        == stage.env_config()
+        == EnvConfig(
+            protocol="chat",
+            max_turns=4,
+            max_tool_calls=3,
+            max_total_tokens=expected["max_episode_tokens"],
+            max_observation_tokens=96,
+            topk=1,
+            tool_timeout_s=5.0,
+            system_prompt="Answer the question; search with tool calls.",
+            tool_schema_in_prompt=False,
+            citation_style="number",
+        )
+    )
+    assert (cfg.expert.noise, cfg.expert.k, cfg.expert.noise_kinds) == (0.65, 1, ["one_hop"])
+    if which == "demo":
+        assert (cfg.sft.learning_rate, cfg.sft.max_steps, cfg.sft.per_device_train_batch_size) == (
+            3e-3,
+            1000,
+            32,
+        )
+        assert (cfg.sft.first_turn_steps, cfg.sft.trl_loss, cfg.sft.bf16) == (300, False, True)
+
+
+def test_a_shared_setting_under_ppo_is_refused_with_its_section(tmp_path: Path) -> None:
+    """Each setting lives in one part of the demo YAML: `ppo: {max_turns: 3}` says where max_turns belongs."""
+    from searchrl.common.config import ConfigError, load_config
+    from searchrl.demo.pipeline import DemoConfig
+
+    path = tmp_path / "demo.yaml"
+    path.write_text("ppo:\n  kl_coef: 0.1\n  max_turns: 3\n")
+    with pytest.raises(ConfigError, match=r"ppo: 'max_turns' is not a ppo setting; .*environment\.max_turns"):
+        load_config(DemoConfig, path)
+    with pytest.raises(ConfigError, match=r"'temperature' is not a ppo setting; it belongs in generation:"):
+        load_config(DemoConfig, None, {"ppo.temperature": 0.5})
+    cfg = load_config(DemoConfig, None, {"environment.max_turns": 3, "generation.temperature": 0.5})
+    stage = cfg.ppo_config()
+    assert (stage.max_turns, stage.env_config().max_turns, stage.temperature) == (3, 3, 0.5)
+    assert cfg.environment == dataclasses.replace(DemoConfig().environment, max_turns=3)

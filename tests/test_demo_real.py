@@ -396,7 +396,9 @@ def test_shipped_configs_load():
     assert is_real_demo_yaml(path) and not is_real_demo_yaml(ROOT / "configs" / "ppo_tiny.yaml")
     cfg = load_config(RealDemoConfig, path)
     assert (
-        cfg.kind == "real" and cfg.ppo.protocol in ("search_r1", "chat") and cfg.out_dir == "runs/demo-real"
+        cfg.kind == "real"
+        and cfg.environment.protocol in ("search_r1", "chat")
+        and cfg.out_dir == "runs/demo-real"
     )
     qwen = load_config(PPOConfig, ROOT / "configs" / "real" / "qwen2.5-3b_ppo.yaml")
     assert qwen.rollout_backend == "vllm" and qwen.mixed_precision == "bf16" and qwen.topk == 3

@@ -105,6 +105,7 @@ def test_one_step_from_files_writes_the_run_directory(tmp_path: Path) -> None:
         "max_episode_tokens": 16,
         "max_observation_tokens": 16,
         "eval_on_start": True,
+        "eval_steps": 0,  # only the starting policy is evaluated
         "num_eval_questions": 2,
     }
     (tmp_path / "grpo.yaml").write_text(yaml.safe_dump(config))

@@ -282,6 +282,44 @@ def test_trl_loop_mode_trains_through_trls_tool_loop(world: World) -> None:
     assert searched > 0, "no search reached the index through TRL's loop"
 
 
+class CountingBackend:
+    """The world's index, counting the searches that reach it."""
+
+    def __init__(self, backend: Any) -> None:
+        self.backend, self.fingerprint, self.searches = backend, backend.fingerprint, 0
+
+    def search(self, queries: list[str], k: int) -> list[list[Any]]:
+        self.searches += len(queries)
+        return self.backend.search(queries, k)
+
+
+@pytest.mark.parametrize("mode", ["trl_loop", "our_rollout"])
+def test_max_tool_calls_zero_is_no_search_in_both_modes(world: World, mode: str) -> None:
+    """PPO's `max_tool_calls: 0` (closed book in the same protocol) trains in GRPO too: the calls the policy
+    makes get an error observation (over budget, or what was malformed), and no search reaches the index."""
+    backend = CountingBackend(world.backend)
+    run = world.root / f"nosearch-{mode}"
+    cfg = base_config(world.root, mode, max_tool_calls=0, max_steps=1, output_dir=str(run))
+    policy = load_policy(world.policy_dir).train()
+    before = {n: p.detach().clone() for n, p in policy.named_parameters()}
+    trainer = build_grpo_trainer(cfg, policy, world.tokenizer, backend, world.train_rows)
+    trainer.train()
+    assert_parameters_changed(trainer, before)
+    calls = [r for t in read_trajectories(run) for r in t["tool_calls"]]
+    assert calls, "the warm-started policy never tried to search"
+    assert all(r["status"] != "ok" and not r["doc_ids"] for r in calls)
+    assert backend.searches == 0
+    # The tool TRL's loop calls, and our engine's environment, answer a well-formed search with "over budget".
+    tool = tool_env_factory(backend, cfg.env_config(), world.tokenizer)()
+    tool.reset(**world.train_rows[0])
+    assert "budget" in tool.search(query=world.train_rows[0]["question"])
+    assert tool.environment.records[-1].status == "over_budget"
+    env = SearchEnvironment(backend, cfg.env_config(), tokenizer=world.tokenizer)
+    env.reset(dict(world.train_rows[0]))
+    step = env.step(format_tool_call("search", {"query": world.train_rows[0]["question"]}))
+    assert [r.status for r in step.records] == ["over_budget"] and backend.searches == 0
+
+
 def test_both_modes_show_the_policy_the_same_prompt_tokens(world: World) -> None:
     """TRL's loop renders `search` from a method's docstring; ours from the environment: same tokens."""
     cfg = base_config(world.root, "trl_loop", tool_schema_in_prompt=True)

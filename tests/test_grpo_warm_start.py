@@ -1,8 +1,8 @@
 """GRPO from a warm-start directory with a PPO stage's settings (the demo's side-by-side runs).
 
-The settings are derived from the `PPOConfig` by PPO's own code, so the checks compare what GRPO builds
-with what PPO builds (environment, rollout limits, batch, budget) for the demo's real PPO stages, then
-train two real steps from the warm-started tiny policy of `test_grpo_trainer`.
+GRPO copies the sections it shares with the `PPOConfig` (`searchrl.sections.with_sections_of`), so the checks
+compare what GRPO builds with what PPO builds (environment, rollout limits, batch, budget) for the demo's real
+PPO stages, then train two real steps from the warm-started tiny policy of `test_grpo_trainer`.
 """
 
 from __future__ import annotations
@@ -16,13 +16,13 @@ from test_grpo_trainer import World, make_world
 
 from searchrl.common.config import ConfigError, load_config
 from searchrl.demo.pipeline import DemoConfig, smoke_config
-from searchrl.env.environment import SearchEnvironment
 from searchrl.evaluation.evaluate import generation_config_from_ppo
-from searchrl.grpo.config import GRPORunConfig, grpo_config_from_ppo
+from searchrl.grpo.config import GRPORunConfig
 from searchrl.grpo.trainer import generation_config_for
 from searchrl.grpo.warm_start import train_grpo_from_warm_start
 from searchrl.ppo.config import PPOConfig
 from searchrl.rewards.combine import default_rubric
+from searchrl.sections import with_sections_of
 
 
 @pytest.fixture(scope="module")
@@ -53,9 +53,11 @@ def small_ppo(**overrides: object) -> PPOConfig:
     return PPOConfig(**values)
 
 
-@pytest.mark.parametrize("ppo", [DemoConfig().ppo, smoke_config().ppo], ids=["demo", "smoke"])
-def test_grpo_derives_environment_limits_and_budget_from_the_ppo_stage(ppo: PPOConfig) -> None:
-    cfg = grpo_config_from_ppo(ppo, mode="trl_loop")
+@pytest.mark.parametrize(
+    "ppo", [DemoConfig().ppo_config(), smoke_config().ppo_config()], ids=["demo", "smoke"]
+)
+def test_grpo_copies_environment_limits_and_budget_from_the_ppo_stage(ppo: PPOConfig) -> None:
+    cfg = with_sections_of(GRPORunConfig, ppo, mode="trl_loop")
     assert cfg.env_config() == ppo.env_config()
     assert generation_config_for(cfg) == generation_config_from_ppo(ppo)
     assert generation_config_for(cfg, temperature=cfg.eval_temperature).temperature == ppo.eval_temperature
@@ -66,36 +68,44 @@ def test_grpo_derives_environment_limits_and_budget_from_the_ppo_stage(ppo: PPOC
         ppo.eval_steps,
         ppo.num_eval_questions,
     )
-    # A change on the PPO side reaches GRPO's environment: one mapping, not two copies of it.
+    # The run's identity is its own: a GRPO run never writes into the PPO run's directory.
+    assert cfg.output_dir == "runs/grpo" != ppo.output_dir
+    # A change on the PPO side reaches GRPO's environment: one declaration, not two copies of it.
     changed = dataclasses.replace(
         ppo, topk=ppo.topk + 1, max_observation_tokens=77, system_prompt="Search first."
     )
-    assert grpo_config_from_ppo(changed).env_config() == changed.env_config()
+    assert with_sections_of(GRPORunConfig, changed).env_config() == changed.env_config()
 
 
 def test_bad_derivations_say_what_is_wrong() -> None:
     with pytest.raises(ConfigError, match=r"\['num_generation'\] are not GRPORunConfig fields"):
-        grpo_config_from_ppo(small_ppo(), num_generation=4)
-    with pytest.raises(ConfigError, match="allows no search"):
-        grpo_config_from_ppo(small_ppo(max_tool_calls=0))
+        with_sections_of(GRPORunConfig, small_ppo(), num_generation=4)
     with pytest.raises(ConfigError, match="num_generations=3 must divide"):
-        grpo_config_from_ppo(small_ppo(), num_generations=3)
+        with_sections_of(GRPORunConfig, small_ppo(), num_generations=3)
     with pytest.raises(ConfigError, match="needs mode: our_rollout"):
-        grpo_config_from_ppo(small_ppo(protocol="search_r1"), mode="trl_loop")
+        with_sections_of(GRPORunConfig, small_ppo(protocol="search_r1"), mode="trl_loop")
+    # Two sources of one section cannot silently disagree.
+    with pytest.raises(ConfigError, match="is given by both PPOConfig and EnvironmentSection"):
+        with_sections_of(PPOConfig, small_ppo(), DemoConfig().environment)
+
+
+@pytest.mark.parametrize("mode", ["trl_loop", "our_rollout"])
+def test_no_search_in_ppo_is_no_search_in_grpo(mode: str) -> None:
+    """PPO's `max_tool_calls: 0` (a closed-book episode in the same protocol) is a GRPO run too, in both modes."""
+    ppo = small_ppo(max_tool_calls=0)
+    cfg = with_sections_of(GRPORunConfig, ppo, mode=mode)
+    assert cfg.max_tool_calls == 0 and cfg.env_config() == ppo.env_config()
+    assert cfg.env_config().max_tool_calls == 0
 
 
 def test_train_from_warm_start_with_the_ppo_settings(world: World, tmp_path: Path) -> None:
     ppo = small_ppo()
-
-    def env_factory() -> SearchEnvironment:
-        return SearchEnvironment(world.backend, ppo.env_config(), tokenizer=world.tokenizer)
-
     run = train_grpo_from_warm_start(
         world.policy_dir,
         world.tokenizer,
         world.train_rows,
         world.dev_rows,
-        env_factory,
+        world.backend,
         default_rubric(),
         mode="our_rollout",
         total_episodes=16,
@@ -115,42 +125,27 @@ def test_train_from_warm_start_with_the_ppo_settings(world: World, tmp_path: Pat
     assert manifest["generation_config"] == dataclasses.asdict(generation_config_from_ppo(ppo))
 
 
-def test_an_env_factory_unlike_the_ppo_settings_is_refused(world: World, tmp_path: Path) -> None:
-    ppo = small_ppo()
-    other = dataclasses.replace(ppo.env_config(), topk=2, max_turns=3)
-    with pytest.raises(ConfigError, match=r"max_turns: 2 \(PPO settings\) vs 3 \(env_factory\).*topk"):
-        train_grpo_from_warm_start(
-            world.policy_dir,
-            world.tokenizer,
-            world.train_rows,
-            world.dev_rows,
-            lambda: SearchEnvironment(world.backend, other),
-            default_rubric(),
-            mode="trl_loop",
-            total_episodes=8,
-            out_dir=tmp_path / "x",
-            ppo_config=ppo,
-        )
+def test_a_folder_without_a_warm_start_is_refused(world: World, tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="no warm-start policy"):
         train_grpo_from_warm_start(
             tmp_path,
             world.tokenizer,
             world.train_rows,
             None,
-            lambda: SearchEnvironment(world.backend, ppo.env_config()),
+            world.backend,
             default_rubric(),
             mode="trl_loop",
             total_episodes=8,
             out_dir=tmp_path / "y",
-            ppo_config=ppo,
+            ppo_config=small_ppo(),
         )
 
 
 def test_shipped_grpo_config_matches_the_demo_ppo_stage() -> None:
     """configs/grpo_tiny.yaml (what `searchrl grpo` runs by hand) says it copies the demo's PPO stage."""
     shipped = load_config(GRPORunConfig, Path(__file__).resolve().parents[1] / "configs" / "grpo_tiny.yaml")
-    ppo = dataclasses.replace(DemoConfig().ppo, seed=shipped.seed)  # the demo sets PPO's seed to its own
-    derived = grpo_config_from_ppo(ppo, mode=shipped.mode)
+    ppo = dataclasses.replace(DemoConfig().ppo_config(), seed=shipped.seed)
+    derived = with_sections_of(GRPORunConfig, ppo, mode=shipped.mode)
     assert shipped.env_config() == ppo.env_config()
     assert generation_config_for(shipped) == generation_config_from_ppo(ppo)
     for name in ("eval_temperature", "learning_rate", "eval_steps", "num_eval_questions", "num_steps"):

@@ -112,7 +112,7 @@ def test_shipped_ppo_config_matches_the_demo_ppo_stage():
     from searchrl.demo.pipeline import DemoConfig
 
     shipped = load_config(PPOConfig, SHIPPED)
-    demo = DemoConfig().ppo
+    demo = DemoConfig().ppo_config()
     assert shipped.env_config() == demo.env_config()
     for name in (
         "total_episodes", "per_device_train_batch_size", "gradient_accumulation_steps", "num_mini_batches",

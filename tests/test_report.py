@@ -295,11 +295,12 @@ def _metrics_by_step(run) -> dict[int, dict]:
 @pytest.fixture(scope="module")
 def three_runs(world, tmp_path_factory):
     """Real tiny runs: PPO (2 steps) and GRPO in both modes (2 steps each), all evaluated every step."""
-    from searchrl.grpo.config import grpo_config_from_ppo
+    from searchrl.grpo.config import GRPORunConfig
     from searchrl.grpo.trainer import build_grpo_trainer
     from searchrl.ppo.config import PPOConfig
     from searchrl.ppo.trainer import PPOTrainer
     from searchrl.search.index import load_index
+    from searchrl.sections import with_sections_of
 
     root, tok = world["root"], world["tok"]
     out = tmp_path_factory.mktemp("three")
@@ -336,8 +337,14 @@ def three_runs(world, tmp_path_factory):
     ).train()
     runs = {"PPO": out / "ppo"}
     for label, mode in (("GRPO (TRL loop)", "trl_loop"), ("GRPO (our rollout)", "our_rollout")):
-        cfg = grpo_config_from_ppo(
-            ppo, mode=mode, output_dir=str(out / mode), num_generations=2, eval_on_start=True
+        cfg = with_sections_of(
+            GRPORunConfig,
+            ppo,
+            mode=mode,
+            output_dir=str(out / mode),
+            num_generations=2,
+            eval_on_start=True,
+            eval_batch_size=ppo.episodes_per_step,
         )
         torch.manual_seed(0)
         build_grpo_trainer(cfg, build_policy(tok, TINY), tok, backend, QA[:2], QA, default_rubric()).train()

@@ -1,10 +1,12 @@
-"""`report_to: [wandb]`: PPO's metrics reach Weights & Biases through transformers' WandbCallback, offline.
+"""`report_to: [wandb]`: PPO's and GRPO's metrics reach Weights & Biases through transformers' WandbCallback, offline.
 
 `WANDB_MODE=offline` makes wandb write its run to `WANDB_DIR/wandb/offline-run-*/run-*.wandb` (what `wandb
 sync` uploads later) and talk to no server. wandb 0.31 ships no reader for that file, so the test reads it
 with the format it has: a LevelDB-style log (7-byte header ":W&B" + magic + version, 32 KiB blocks, records
 of checksum/length/type split across blocks) whose payloads are wandb's protobuf `Record`s. Every numeric line
-of metrics.jsonl must be in the history at its step, under transformers' `train/` prefix.
+of metrics.jsonl must be in the history at its step, under transformers' `train/` prefix. GRPO's loggers are
+TRL's own (`report_to` and `run_name` go through `GRPORunConfig.to_trl_args`): every figure TRL logged at a step
+(what metrics.jsonl holds besides our step, episode and clocks) is in the history at that step.
 
 `report_to: [trackio]` goes through transformers' TrackioCallback into trackio's local store: one SQLite file
 per project, `TRACKIO_DIR/<project>.db` (searchrl's project is "searchrl"), no server and no Space. The test
@@ -13,15 +15,21 @@ reads that file with sqlite3 and refuses any socket connection or name lookup of
 
 from __future__ import annotations
 
+import copy
 import ipaddress
 import json
 import socket
 import sqlite3
 import struct
 import sys
+import time
 
 import pytest
 from test_ppo_trainer import QA, build_world, make_trainer
+
+from searchrl.grpo.config import GRPORunConfig
+from searchrl.grpo.trainer import build_grpo_trainer
+from searchrl.rewards.combine import default_rubric
 
 BLOCK = 32768
 HEADER = 7
@@ -62,7 +70,23 @@ def read_wandb_history(path) -> list[dict]:
     return history
 
 
-def test_ppo_metrics_reach_wandb_offline_at_their_steps(tmp_path, monkeypatch):
+def read_wandb_history_when_written(path, rows: int, timeout_s: float = 60.0) -> list[dict]:
+    """`read_wandb_history` once the file holds at least `rows` step logs (rows with train/loss or train/lr).
+
+    wandb's writer is a service process: `wandb.finish()` can return before it has flushed the run's records
+    (measured: 1 run in 8 read a 7-byte file, header only, right after finish), so the test waits for them.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        history = read_wandb_history(path)
+        if sum("train/loss" in h or "train/lr" in h for h in history) >= rows or time.monotonic() > deadline:
+            return history
+        time.sleep(0.2)
+
+
+@pytest.fixture
+def offline_wandb(tmp_path, monkeypatch):
+    """wandb in offline mode writing under tmp_path/wb; set up afresh, so an earlier test's run dir is not reused."""
     import wandb
 
     monkeypatch.setenv("WANDB_MODE", "offline")
@@ -70,6 +94,13 @@ def test_ppo_metrics_reach_wandb_offline_at_their_steps(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_PROJECT", "searchrl-tests")
     monkeypatch.setenv("WANDB_SILENT", "true")
     (tmp_path / "wb").mkdir()
+    wandb.teardown()  # wandb keeps its settings per process: read the variables above again
+    yield wandb
+    wandb.teardown()
+
+
+def test_ppo_metrics_reach_wandb_offline_at_their_steps(tmp_path, offline_wandb):
+    wandb = offline_wandb
     (tmp_path / "world").mkdir()
     world = build_world(tmp_path / "world")
     trainer = make_trainer(world, tmp_path, total_episodes=8, report_to=["wandb"])
@@ -80,7 +111,7 @@ def test_ppo_metrics_reach_wandb_offline_at_their_steps(tmp_path, monkeypatch):
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
     (run_file,) = (tmp_path / "wb" / "wandb").glob("offline-run-*/run-*.wandb")
-    history = read_wandb_history(run_file)
+    history = read_wandb_history_when_written(run_file, rows=2)
     by_step = {h["train/global_step"]: h for h in history if "train/global_step" in h}
     assert sorted(by_step) == [1, 2]
     for row in rows:
@@ -90,6 +121,66 @@ def test_ppo_metrics_reach_wandb_offline_at_their_steps(tmp_path, monkeypatch):
             assert key in numeric, key
         for key, value in numeric.items():
             assert logged[f"train/{key}"] == pytest.approx(value, rel=1e-6, abs=1e-12), key
+
+
+def test_grpo_metrics_reach_wandb_offline_at_their_steps(tmp_path, offline_wandb):
+    wandb = offline_wandb
+    (tmp_path / "world").mkdir()
+    world = build_world(tmp_path / "world")
+    cfg = GRPORunConfig(
+        output_dir=str(tmp_path / "grpo"),
+        report_to=["wandb"],
+        seed=3,
+        max_steps=2,
+        per_device_train_batch_size=4,
+        num_generations=2,
+        max_turns=2,
+        max_tool_calls=1,
+        max_new_tokens_per_turn=8,
+        max_episode_tokens=40,
+        max_observation_tokens=16,
+        tool_schema_in_prompt=False,
+        temperature=1.0,
+        learning_rate=1e-3,
+        eval_steps=0,
+        save_trajectories=False,
+    )
+    assert (cfg.to_trl_args().report_to, cfg.to_trl_args().run_name) == (["wandb"], "grpo")
+    trainer = build_grpo_trainer(
+        cfg, copy.deepcopy(world["policy"]), world["tok"], world["backend"], QA, None, default_rubric()
+    )
+    try:
+        trainer.train()
+    finally:
+        wandb.finish()
+    rows = [json.loads(line) for line in (tmp_path / "grpo" / "metrics.jsonl").read_text().splitlines()]
+    rows = [r for r in rows if "loss" in r]
+    assert [r["step"] for r in rows] == [1, 2]
+    (run_file,) = (tmp_path / "wb" / "wandb").glob("offline-run-*/run-*.wandb")
+    history = read_wandb_history_when_written(run_file, rows=2)
+    # TRL also writes its own profiling timers to wandb (at any step); the step logs are the rows with a loss.
+    steps = [h for h in history if "train/loss" in h]
+    by_step = {h["train/global_step"]: h for h in steps}
+    assert sorted(by_step) == [h["train/global_step"] for h in steps] == [1, 2]
+    ours = ("step", "episode")  # written by our run-directory callback, not logged by TRL
+    for row in rows:
+        logged = by_step[row["step"]]
+        numeric = {
+            k: v
+            for k, v in row.items()
+            if isinstance(v, int | float) and k not in ours and not k.startswith("time/")
+        }
+        for key in ("loss", "learning_rate", "reward", "tools/calls", "reward/total"):
+            assert key in numeric, key
+        for key, value in numeric.items():
+            assert logged[f"train/{key}"] == pytest.approx(value, rel=1e-6, abs=1e-12), key
+
+
+def test_grpo_reports_to_no_logger_by_default_and_names_its_run():
+    args = GRPORunConfig().to_trl_args()
+    assert (args.report_to, args.run_name) == ([], "grpo")  # transformers' "none": no logger
+    args = GRPORunConfig(report_to=["tensorboard"], run_name="r1").to_trl_args()
+    assert (args.report_to, args.run_name) == (["tensorboard"], "r1")
 
 
 def _is_local(address) -> bool:

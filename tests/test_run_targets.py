@@ -66,6 +66,7 @@ def test_reader_tells_a_demo_its_ppo_run_a_grpo_run_and_a_trajectories_file_apar
     d = RunReader(demo)
     assert (d.kind, d.trainer, d.root, d.demo_root) == ("demo", "ppo", demo / "ppo", demo)
     assert d.config_class() is PPOConfig and isinstance(d.config, PPOConfig)
+    assert d.manifest["config_class"] == "searchrl.ppo.config.PPOConfig"  # what the trainer wrote
     assert [s.id for s in d.trajectory_sources()] == ["train", "sft-test", "ppo-test"]
     train, sft, ppo = d.trajectory_sources()
     assert [p.name for p in train.files()] == ["step-000001.jsonl.gz", "step-000002.jsonl.gz"]
@@ -91,6 +92,7 @@ def test_reader_tells_a_demo_its_ppo_run_a_grpo_run_and_a_trajectories_file_apar
     g = RunReader(grpo.run)
     assert (g.kind, g.trainer, g.trainer_label, g.demo_root) == ("grpo", "grpo", "GRPO", None)
     assert g.config_class() is GRPORunConfig and g.config.num_generations == 2
+    assert g.manifest["config_class"] == "searchrl.grpo.config.GRPORunConfig"
     assert g.initial_policy() == grpo.policy and g.index_dir == grpo.index
     assert [s.id for s in g.trajectory_sources()] == ["train"]
 
@@ -118,6 +120,31 @@ def test_the_manifest_names_the_trainer(tmp_path):
     (run / "config.yaml").write_text("mode: [unclosed\n")
     with pytest.raises(RunTargetError, match="config.yaml: cannot be read as YAML"):
         RunReader(run)
+
+
+def test_the_manifest_names_the_config_class_by_dotted_path(tmp_path):
+    """The run layer loads `config.yaml` as the class the manifest names, without importing any trainer itself;
+    an older manifest falls back to its trainer's class, and only searchrl's config dataclasses are accepted."""
+    from searchrl.grpo.config import GRPORunConfig
+    from searchrl.ppo.config import PPOConfig
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("num_generations: 2\nper_device_train_batch_size: 4\n")
+    manifest = {"trainer": "grpo", "config_class": "searchrl.grpo.config.GRPORunConfig"}
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    reader = RunReader(run)
+    assert reader.config_class() is GRPORunConfig and reader.config.num_generations == 2
+    (run / "manifest.json").write_text(json.dumps({"trainer": "ppo"}))  # written before config_class existed
+    assert RunReader(run).config_class() is PPOConfig
+    for bad, message in (
+        ("os.path.join", "not a searchrl config class"),
+        ("searchrl.grpo.config.GRPO_MODES", "not a config dataclass"),
+        ("searchrl.nowhere.Config", "cannot be imported"),
+    ):
+        (run / "manifest.json").write_text(json.dumps({"trainer": "grpo", "config_class": bad}))
+        with pytest.raises(RunTargetError, match=message):
+            RunReader(run).config_class()
 
 
 def test_reader_refuses_what_is_not_a_target_and_says_what_is(demo, tmp_path):

@@ -63,7 +63,7 @@ def test_run_configs_open_through_the_one_opener(index_dir, tmp_path, monkeypatc
 
     ppo = PPOConfig(search_backend="http", search_url="http://127.0.0.1:9", output_dir="unused")
     monkeypatch.setenv("SEARCHRL_SERVE_TOKEN", "s3cret")
-    backend = open_backend(SearchConfig.of_run(ppo))
+    backend = ppo.open_backend(read_timeout=ppo.search_timeout_s)
     assert backend._client.headers["Authorization"] == "Bearer s3cret"  # the server's token variable
     assert backend.read_timeout == ppo.search_timeout_s  # the run's search deadline
     assert (
@@ -71,14 +71,12 @@ def test_run_configs_open_through_the_one_opener(index_dir, tmp_path, monkeypatc
         == "Bearer mine"
     )  # an explicit token wins
     monkeypatch.delenv("SEARCHRL_SERVE_TOKEN")
-    assert "Authorization" not in open_backend(SearchConfig.of_run(ppo))._client.headers
-    grpo = GRPORunConfig(search_url="http://127.0.0.1:9")
-    assert isinstance(open_backend(SearchConfig.of_run(grpo)), HTTPBackend)  # GRPO: the URL alone says so
-    assert isinstance(open_backend(SearchConfig.of_run(GRPORunConfig(index_dir=str(index_dir)))), BM25Backend)
-    # An evaluation's --index wins over what the run names.
-    assert SearchConfig.of_run(ppo, index=index_dir).index == str(index_dir)
-    with pytest.raises(ConfigError, match="no search engine"):
-        SearchConfig.of_run(GRPORunConfig())
+    assert "Authorization" not in ppo.open_backend()._client.headers
+    grpo = GRPORunConfig(search_backend="http", search_url="http://127.0.0.1:9")
+    assert isinstance(grpo.open_backend(), HTTPBackend)  # both trainers read the same search section
+    assert isinstance(GRPORunConfig(index_dir=str(index_dir)).open_backend(), BM25Backend)
+    with pytest.raises(ConfigError, match="index_dir is not set"):
+        GRPORunConfig().open_backend()
 
 
 def test_a_missing_index_is_built_from_the_runs_corpus(tmp_path):
@@ -86,14 +84,14 @@ def test_a_missing_index_is_built_from_the_runs_corpus(tmp_path):
 
     corpus = write_corpus(tmp_path / "corpus.jsonl")
     cfg = PPOConfig(index_dir=str(tmp_path / "new"), corpus_path=str(corpus), output_dir="unused")
-    backend = open_backend(SearchConfig.of_run(cfg))
+    backend = cfg.open_backend()
     assert isinstance(backend, BM25Backend) and (tmp_path / "new" / "meta.json").is_file()
     assert backend.search(["capital of Veland"], 1)[0][0].doc_id == "c1"
-    again = open_backend(SearchConfig.of_run(cfg))  # now it exists: opened, not rebuilt
+    again = cfg.open_backend()  # now it exists: opened, not rebuilt
     assert again.fingerprint == backend.fingerprint
     missing = PPOConfig(
         index_dir=str(tmp_path / "other"), corpus_path=str(tmp_path / "no.jsonl"), output_dir="u"
     )
     with pytest.raises(FileNotFoundError, match="does not exist"):
-        open_backend(SearchConfig.of_run(missing))
+        missing.open_backend()
     assert not (tmp_path / "other").exists()

@@ -77,6 +77,8 @@ def test_grpo_recipe_has_search_r1_settings(name):
     # 8 processes: 1,280 completions = 256 questions x 5 per optimizer step, two steps per Search-R1 step.
     assert cfg.episodes_per_step * 8 == 256 * 5
     assert cfg.env_config().topk == 3 and cfg.env_config().protocol == "search_r1"
+    assert cfg.search_backend == "http" and cfg.search_url == "http://127.0.0.1:8000/retrieve"
+    assert cfg.run_name == "search-r1-" + name.removesuffix(".yaml").replace("_", "-")
     assert ("7B" in cfg.policy_model_path) == ("7b" in name)
 
 
@@ -118,6 +120,7 @@ def toy_overrides(root: Path, out: str) -> dict:
         "train_file": str(root / "train.jsonl"),
         "dev_file": str(root / "dev.jsonl"),
         "index_dir": str(root / "index"),
+        "search_backend": "bm25",
         "search_url": None,
         "use_cpu": True,
         "max_new_tokens_per_turn": 16,
@@ -134,7 +137,6 @@ def test_ppo_recipe_runs_one_step_at_toy_size(toy, name):
 
     overrides = toy_overrides(toy, name)
     overrides |= {
-        "search_backend": "bm25",
         "rollout_backend": "hf",
         "mixed_precision": "no",
         "gradient_checkpointing": False,

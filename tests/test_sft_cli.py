@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
 from typer.testing import CliRunner
 
 from searchrl.cli import app
+from searchrl.common.config import ConfigError, load_config
 from searchrl.common.trajectory import read_trajectories
 from searchrl.data.synthetic import generate, preset_config
+from searchrl.env.environment import EnvConfig
 from searchrl.models.tiny import load_policy, load_tokenizer, load_value_model
 from searchrl.search.index import build_index
+from searchrl.sft.warm_start import SFTRunConfig
 
 runner = CliRunner()
 
@@ -149,3 +153,14 @@ def test_reward_model_train_refuses_scores_and_pairless_trajectories(sft_out, tm
     assert result.exit_code == 2 and "no preference pairs" in result.output
     result = runner.invoke(app, base)
     assert result.exit_code == 2 and "exactly one of --pairs" in result.output
+
+
+def test_the_sft_environment_is_the_shared_section_with_the_environment_s_defaults():
+    """`environment:` in an SFT YAML is the section PPO, GRPO and the demos use; unset, it is EnvConfig()'s."""
+    assert SFTRunConfig().environment.env_config() == EnvConfig()
+    shipped = load_config(SFTRunConfig, Path(__file__).resolve().parents[1] / "configs" / "sft_tiny.yaml")
+    assert shipped.environment.env_config() == EnvConfig(max_turns=4, max_tool_calls=4)
+    limits = load_config(SFTRunConfig, None, {"environment.max_turns": 2, "environment.topk": 1})
+    assert limits.environment.env_config() == EnvConfig(max_turns=2, topk=1)
+    with pytest.raises(ConfigError, match="max_turns"):
+        load_config(SFTRunConfig, None, {"environment.max_turns": 0})

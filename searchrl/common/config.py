@@ -118,12 +118,40 @@ def _from_dict(cls: type[T], data: dict, where: str) -> T:
             + (f"; {hint}" if hint else "")
             + f"; known fields: {sorted(names)}"
         )
+    _refuse_misplaced_fields(hints, data, where)
     data = {k: _with_section_defaults(cls, k, v) for k, v in data.items()}
     kwargs = {k: _coerce(v, hints[k], f"{where}.{k}" if where else k) for k, v in data.items()}
     try:
         return cls(**kwargs)
     except (TypeError, ValueError) as e:
         raise ConfigError(f"{where or cls.__name__}: {e}") from e
+
+
+def _refuse_misplaced_fields(hints: dict[str, Any], data: dict, where: str) -> None:
+    """A key under one section that is a field of a sibling section: say which section it belongs in.
+
+    Why: a config made of sections declares each setting once (a demo's `max_turns` lives in `environment:`,
+    not in `ppo:`). Naming the right section turns a bare "unknown field" into the fix.
+    """
+    sections = {
+        name: tp for name, tp in hints.items() if isinstance(tp, type) and dataclasses.is_dataclass(tp)
+    }
+    for name, value in data.items():
+        if name not in sections or not isinstance(value, dict):
+            continue
+        own = {f.name for f in dataclasses.fields(sections[name]) if f.init}
+        for key in sorted(set(value) - own):
+            homes = [
+                other
+                for other, tp in sections.items()
+                if other != name and key in {f.name for f in dataclasses.fields(tp) if f.init}
+            ]
+            if homes:
+                at = f"{where}.{name}" if where else name
+                raise ConfigError(
+                    f"{at}: {key!r} is not a {name} setting; it belongs in {homes[0]}: (set once there for every "
+                    f"stage), so move it to {homes[0]}.{key}"
+                )
 
 
 def _with_section_defaults(cls: type, name: str, value: Any) -> Any:

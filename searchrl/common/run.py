@@ -19,8 +19,10 @@ anything else with a `RunTargetError` that says what a valid target is. It never
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import hashlib
+import importlib
 import importlib.metadata
 import json
 import math
@@ -94,8 +96,11 @@ def build_manifest(
     tokenizer: Any = None,
     generation_config: dict | None = None,
     index_fingerprint: str | None = None,
+    config: Any = None,
     extra: dict | None = None,
 ) -> dict[str, Any]:
+    """The run's `manifest.json`: versions, commit, seeds, tokenizer facts, and `config`'s class as a dotted
+    path (`config_class`), by which `RunReader.config_class` reloads `config.yaml` without knowing the trainers."""
     manifest: dict[str, Any] = {
         "created_unix": time.time(),
         "python": sys.version.split()[0],
@@ -106,6 +111,8 @@ def build_manifest(
         "generation_config": generation_config or {},
         "index_fingerprint": index_fingerprint,
     }
+    if config is not None:
+        manifest["config_class"] = f"{type(config).__module__}.{type(config).__qualname__}"
     if tokenizer is not None:
         manifest["padding_side"] = getattr(tokenizer, "padding_side", None)
         manifest["pad_token_id"] = getattr(tokenizer, "pad_token_id", None)
@@ -120,6 +127,20 @@ def build_manifest(
         pass
     manifest.update(extra or {})
     return manifest
+
+
+def config_class_at(path: str, where: Path | str) -> type:
+    """The config dataclass a dotted path (`searchrl.ppo.config.PPOConfig`) names; only searchrl's own."""
+    module_name, _, name = str(path).rpartition(".")
+    if not module_name.startswith("searchrl."):
+        raise RunTargetError(f"{where}: config_class {path!r} is not a searchrl config class")
+    try:
+        cls = getattr(importlib.import_module(module_name), name)
+    except (ImportError, AttributeError) as e:
+        raise RunTargetError(f"{where}: config_class {path!r} cannot be imported ({e})") from e
+    if not (isinstance(cls, type) and dataclasses.is_dataclass(cls)):
+        raise RunTargetError(f"{where}: config_class {path!r} is not a config dataclass")
+    return cls
 
 
 def step_of_name(name: str) -> int:
@@ -335,6 +356,11 @@ RunKind = Literal["demo", "ppo", "grpo", "trajectories"]
 SourceKind = Literal["training", "evaluation"]
 TRAINERS: tuple[str, ...] = ("ppo", "grpo")
 TRAINER_LABELS: dict[str, str] = {"ppo": "PPO", "grpo": "GRPO"}
+# The config class of a run whose manifest predates `config_class`, by its trainer, as a dotted path.
+TRAINER_CONFIG_CLASSES: dict[str, str] = {
+    "ppo": "searchrl.ppo.config.PPOConfig",
+    "grpo": "searchrl.grpo.config.GRPORunConfig",
+}
 VALID_TARGETS = (
     "a run directory (PPO or GRPO, what `searchrl train` / `searchrl grpo` write: config.yaml, manifest.json, "
     "metrics.jsonl, trajectories/, checkpoints/), a demo directory (what `searchrl demo` writes: summary.json "
@@ -667,14 +693,10 @@ class RunReader:
         return _read_yaml(self.config_path) if self.config_path is not None else {}
 
     def config_class(self) -> type:
-        """`PPOConfig` or `GRPORunConfig`, by the run's trainer."""
-        if self.trainer == "grpo":
-            from searchrl.grpo.config import GRPORunConfig
-
-            return GRPORunConfig
-        from searchrl.ppo.config import PPOConfig
-
-        return PPOConfig
+        """The class of the run's `config.yaml`: the manifest's `config_class`, else its trainer's (`PPOConfig`
+        or `GRPORunConfig`). Named by dotted path, so this layer imports no trainer."""
+        path = self.manifest.get("config_class") or TRAINER_CONFIG_CLASSES[self.trainer or "ppo"]
+        return config_class_at(path, self.root / "manifest.json" if self.root is not None else self.target)
 
     @cached_property
     def config(self) -> Any:

@@ -69,8 +69,9 @@ from searchrl.models.tiny import (
     tokenizer_training_texts,
     train_tokenizer,
 )
-from searchrl.ppo.config import PPOConfig
+from searchrl.ppo.config import PPOConfig, PPOSection
 from searchrl.search.index import build_index
+from searchrl.sections import EnvironmentSection, GenerationSection, with_sections_of
 from searchrl.sft.expert import ExpertConfig, ExpertPolicy
 from searchrl.sft.warm_start import SFTWarmStartConfig, prompt_texts, run_sft
 
@@ -89,18 +90,8 @@ def _model_default() -> TinyModelConfig:
     )
 
 
-def _ppo_default() -> PPOConfig:
-    return PPOConfig(
-        output_dir="runs/demo/ppo",
-        learning_rate=3e-5,
-        value_learning_rate=3e-4,
-        per_device_train_batch_size=16,
-        gradient_accumulation_steps=2,
-        num_mini_batches=2,
-        num_ppo_epochs=2,
-        total_episodes=640,
-        temperature=1.0,
-        kl_coef=0.02,
+def _environment_default() -> EnvironmentSection:
+    return EnvironmentSection(
         max_turns=4,
         max_tool_calls=3,
         topk=1,  # one document per search: the tiny model reads only what its query found (Search-R1: 3)
@@ -110,6 +101,20 @@ def _ppo_default() -> PPOConfig:
         system_prompt=DEMO_SYSTEM_PROMPT,
         max_new_tokens_per_turn=40,
         max_episode_tokens=400,
+    )
+
+
+def _ppo_default() -> PPOSection:
+    return PPOSection(
+        output_dir="runs/demo/ppo",  # the demo writes its PPO run to <out_dir>/ppo
+        learning_rate=3e-5,
+        value_learning_rate=3e-4,
+        per_device_train_batch_size=16,
+        gradient_accumulation_steps=2,
+        num_mini_batches=2,
+        num_ppo_epochs=2,
+        total_episodes=640,
+        kl_coef=0.02,
         save_steps=10,
         eval_steps=5,
         eval_on_start=True,  # the warm start is the first point of the dev curve
@@ -177,8 +182,23 @@ class DemoConfig:
         ),
         metadata={"help": "SFT warm start optimisation (first-turn curriculum, then whole demonstrations)."},
     )
-    ppo: PPOConfig = field(
-        default_factory=_ppo_default, metadata={"help": "PPO stage (output_dir is set by the demo)."}
+    environment: EnvironmentSection = field(
+        default_factory=_environment_default,
+        metadata={
+            "help": "The episode of every stage: expert demonstrations, SFT's prompts, PPO (and GRPO) training "
+            "and every evaluation (protocol, prompt, citations, turns, searches, top-k, token budgets)."
+        },
+    )
+    generation: GenerationSection = field(
+        default_factory=lambda: GenerationSection(temperature=1.0),
+        metadata={"help": "Sampling of training rollouts and evaluations (PPO, GRPO and every evaluation)."},
+    )
+    ppo: PPOSection = field(
+        default_factory=_ppo_default,
+        metadata={
+            "help": "PPO stage: PPO's own fields, its batch, optimiser and evaluation cadence (output_dir, seed "
+            "and progress_bar are the demo's). The episode and sampling are environment: and generation:."
+        },
     )
     compare_grpo: bool = field(
         default=False,
@@ -189,6 +209,28 @@ class DemoConfig:
         },
     )
     progress_bar: bool = field(default=True, metadata={"help": "Show a progress line per stage."})
+
+    def ppo_config(self) -> PPOConfig:
+        """The PPO stage's settings (`stage_ppo_config`): what PPO trains with and every evaluation's limits."""
+        return stage_ppo_config(self)
+
+
+def stage_ppo_config(cfg: Any) -> PPOConfig:
+    """A demo's PPO stage: its `ppo` part with its `environment` and `generation`, run directory and seed.
+
+    One `PPOConfig` for training, every evaluation's limits, and the GRPO runs that copy their shared sections
+    from it (`compare_grpo`); the real-model demo builds its stage the same way.
+    """
+    return with_sections_of(
+        PPOConfig,
+        cfg.ppo,
+        cfg.environment,
+        cfg.generation,
+        output_dir=str(Path(cfg.out_dir) / "ppo"),
+        run_name=cfg.ppo.run_name,
+        seed=cfg.seed,
+        progress_bar=cfg.progress_bar,
+    )
 
 
 def smoke_config(out_dir: str = "runs/demo-smoke", seed: int = 0) -> DemoConfig:
@@ -218,6 +260,9 @@ def smoke_config(out_dir: str = "runs/demo-smoke", seed: int = 0) -> DemoConfig:
         first_turn_steps=2,
         first_turn_batch_size=8,
     )
+    cfg.environment = dataclasses.replace(
+        _environment_default(), max_new_tokens_per_turn=32, max_episode_tokens=300
+    )
     cfg.ppo = dataclasses.replace(
         _ppo_default(),
         per_device_train_batch_size=8,
@@ -225,8 +270,6 @@ def smoke_config(out_dir: str = "runs/demo-smoke", seed: int = 0) -> DemoConfig:
         num_mini_batches=1,
         num_ppo_epochs=1,
         total_episodes=16,
-        max_new_tokens_per_turn=32,
-        max_episode_tokens=300,
         save_steps=1,
         eval_steps=1,
         num_eval_questions=8,
@@ -266,7 +309,8 @@ def peak_rss_mb() -> float:
 def _eval_split(policy, tok, rows, env_factory, cfg: DemoConfig, rubric) -> tuple[dict, list]:
     from searchrl.evaluation.evaluate import evaluate_with_ppo_limits
 
-    result = evaluate_with_ppo_limits(policy, tok, rows, env_factory, cfg.ppo, rubric=rubric, seed=cfg.seed)
+    stage = cfg.ppo_config()
+    result = evaluate_with_ppo_limits(policy, tok, rows, env_factory, stage, rubric=rubric, seed=cfg.seed)
     return result.summary, result.trajectories
 
 
@@ -307,10 +351,10 @@ class DemoWorld:
 
 
 def check_demo_config(cfg: DemoConfig) -> None:
-    if cfg.expert.k != cfg.ppo.topk:
+    if cfg.expert.k != cfg.environment.topk:
         raise ConfigError(
-            f"expert.k={cfg.expert.k} but ppo.topk={cfg.ppo.topk}: the demonstrations would show a different "
-            "number of documents per search than training and evaluation; set them equal"
+            f"expert.k={cfg.expert.k} but environment.topk={cfg.environment.topk}: the demonstrations would show "
+            "a different number of documents per search than training and evaluation; set them equal"
         )
 
 
@@ -335,7 +379,7 @@ def prepare_world(cfg: DemoConfig, out: Path, clock: StageClock) -> DemoWorld:
     )
     backend.search(["warm up"], 1)  # compile the numba scorer before any deadline runs
 
-    env_config = cfg.ppo.env_config()  # one environment for demonstrations, training and evaluation
+    env_config = cfg.environment.env_config()  # one environment for demonstrations, training and evaluation
 
     # 3. models ----------------------------------------------------------------------------------
     def make_models():
@@ -420,9 +464,7 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
     atomic_write_json(out / "eval" / "sft-test-closed-book.json", closed_summary)
 
     # 7. PPO from the warm start -----------------------------------------------------------------------
-    ppo_args = dataclasses.replace(
-        cfg.ppo, output_dir=str(out / "ppo"), seed=cfg.seed, progress_bar=cfg.progress_bar
-    )
+    ppo_args = cfg.ppo_config()
 
     def train_ppo():
         trainer = PPOTrainer(
@@ -478,7 +520,7 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
             policy_dir = clock.run(
                 f"grpo {mode}",
                 lambda mode=mode: _train_grpo(
-                    mode, sft_dir, tok, train_rows, dev_rows, env_factory, rubric, out, ppo_args
+                    mode, sft_dir, tok, train_rows, dev_rows, backend, rubric, out, ppo_args
                 ),
             )
             grpo_policy = load_policy(policy_dir)
@@ -500,8 +542,8 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
 GRPO_LABELS = {"trl_loop": "GRPO (TRL loop)", "our_rollout": "GRPO (our rollout)"}
 
 
-def _train_grpo(mode, sft_dir, tok, train_rows, dev_rows, env_factory, rubric, out, ppo_args) -> Path:
-    """GRPO from the SFT directory with every setting it shares with PPO taken from the PPO stage."""
+def _train_grpo(mode, sft_dir, tok, train_rows, dev_rows, backend, rubric, out, ppo_args) -> Path:
+    """GRPO from the SFT directory with every section it shares with PPO taken from the PPO stage."""
     from searchrl.grpo.warm_start import final_policy_dir, train_grpo_from_warm_start
 
     # transformers prints its end-of-training metrics dict on stdout; the demo's stdout is its JSON headline.
@@ -511,7 +553,7 @@ def _train_grpo(mode, sft_dir, tok, train_rows, dev_rows, env_factory, rubric, o
             tok,
             train_rows,
             dev_rows,
-            env_factory,
+            backend,
             rubric,
             mode=mode,
             total_episodes=int(ppo_args.total_episodes),

@@ -52,12 +52,13 @@ import torch
 from searchrl.common.config import ConfigError, save_config
 from searchrl.common.io import atomic_write_json, read_jsonl
 from searchrl.common.trajectory import Trajectory, write_trajectories
-from searchrl.demo.pipeline import FindsNothing, StageClock, peak_rss_mb
+from searchrl.demo.pipeline import FindsNothing, StageClock, peak_rss_mb, stage_ppo_config
 from searchrl.env.environment import SearchEnvironment
 from searchrl.env.protocol import ANSWER_OPEN, format_search_r1_call, format_tool_call
 from searchrl.evaluation import HEADLINE_METRICS
-from searchrl.ppo.config import PPOConfig
+from searchrl.ppo.config import PPOConfig, PPOSection
 from searchrl.rollout.generator import GenerationConfig, HFGenerator, RolloutBatch
+from searchrl.sections import EnvironmentSection, GenerationSection
 from searchrl.sft.real_expert import RealExpert, RealExpertConfig, question_query
 from searchrl.sft.warm_start import SFTWarmStartConfig
 
@@ -126,9 +127,8 @@ def _sft_default() -> SFTWarmStartConfig:
     )
 
 
-def _ppo_default() -> PPOConfig:
-    return PPOConfig(
-        output_dir="runs/demo-real/ppo",
+def _environment_default() -> EnvironmentSection:
+    return EnvironmentSection(
         protocol="search_r1",  # <search>q</search>: a search costs its query plus two tags
         citation_style="number",  # [1], [2]: one token per citation
         topk=1,
@@ -137,8 +137,12 @@ def _ppo_default() -> PPOConfig:
         max_tool_calls=2,
         max_new_tokens_per_turn=64,  # a HotpotQA question copied as the query is up to ~50 tokens
         max_episode_tokens=512,
-        temperature=0.8,
-        eval_temperature=0.01,
+    )
+
+
+def _ppo_default() -> PPOSection:
+    return PPOSection(
+        output_dir="runs/demo-real/ppo",  # the demo writes its PPO run to <out_dir>/ppo
         missing_eos_penalty=0.1,
         mixed_precision="bf16",  # autocast: about 1.8x faster forward passes on this CPU (docs/real_loop.md)
         value_mode="shared_backbone",  # no second 135M model on a CPU
@@ -238,10 +242,22 @@ class RealDemoConfig:
     sft: SFTWarmStartConfig = field(
         default_factory=_sft_default, metadata={"help": "SFT warm start (TRL SFTTrainer) optimisation."}
     )
-    ppo: PPOConfig = field(
+    environment: EnvironmentSection = field(
+        default_factory=_environment_default,
+        metadata={
+            "help": "The episode of every stage: baselines, expert demonstrations, PPO training and every "
+            "evaluation (protocol, citations, turns, searches, top-k, token budgets)."
+        },
+    )
+    generation: GenerationSection = field(
+        default_factory=lambda: GenerationSection(temperature=0.8),
+        metadata={"help": "Sampling of PPO's rollouts and the evaluations' near-greedy temperature."},
+    )
+    ppo: PPOSection = field(
         default_factory=_ppo_default,
         metadata={
-            "help": "PPO stage; also the environment and limits of every evaluation (output_dir is set)."
+            "help": "PPO stage: PPO's own fields, its batch, optimiser and evaluation cadence (output_dir, seed "
+            "and progress_bar are the demo's). The episode and sampling are environment: and generation:."
         },
     )
     baselines: list[str] = field(
@@ -280,11 +296,16 @@ class RealDemoConfig:
             raise ConfigError(f"finetune: {self.finetune!r} is not one of {list(FINETUNE_MODES)}")
         if self.eval_batch_size < 1 or self.demo_batch_size < 1:
             raise ConfigError("eval_batch_size and demo_batch_size must be >= 1")
-        if self.ppo.topk != self.expert.k and self.ppo.protocol == "chat":
+        if self.environment.topk != self.expert.k and self.environment.protocol == "chat":
             raise ConfigError(
-                f"expert.k={self.expert.k} but ppo.topk={self.ppo.topk}: with the chat protocol the expert's calls "
+                f"expert.k={self.expert.k} but environment.topk={self.environment.topk}: with the chat protocol the "
+                "expert's calls "
                 "would ask for a different number of documents than training and evaluation; set them equal"
             )
+
+    def ppo_config(self) -> PPOConfig:
+        """The PPO stage's settings (`stage_ppo_config`): what PPO trains with and every evaluation's limits."""
+        return stage_ppo_config(self)
 
 
 def toy_real_config(out_dir: str, model_dir: str | None = None, seed: int = 0) -> RealDemoConfig:
@@ -303,11 +324,11 @@ def toy_real_config(out_dir: str, model_dir: str | None = None, seed: int = 0) -
         eval_batch_size=4,
     )
     cfg.sft = dataclasses.replace(_sft_default(), max_steps=2, gradient_accumulation_steps=2, logging_steps=1)
+    cfg.environment = dataclasses.replace(
+        _environment_default(), max_observation_tokens=40, max_new_tokens_per_turn=40, max_episode_tokens=120
+    )
     cfg.ppo = dataclasses.replace(
         _ppo_default(),
-        max_observation_tokens=40,
-        max_new_tokens_per_turn=40,
-        max_episode_tokens=120,
         per_device_train_batch_size=2,
         gradient_accumulation_steps=1,
         num_mini_batches=1,
@@ -611,7 +632,7 @@ def _evaluate(
     """Greedy, the PPO stage's limits, in batches (one progress step each); summary with bootstrap CIs."""
     from searchrl.evaluation.evaluate import evaluate_policy, generation_config_from_ppo, summarise
 
-    gen_cfg = dataclasses.replace(generation_config_from_ppo(cfg.ppo), seed=cfg.seed)
+    gen_cfg = dataclasses.replace(generation_config_from_ppo(cfg.ppo_config()), seed=cfg.seed)
     factory = real_generator_factory(cfg.bf16_rollouts, baseline, cfg.expert.max_query_chars)
     trajs: list[Trajectory] = []
     for start in range(0, len(rows), cfg.eval_batch_size):
@@ -683,11 +704,12 @@ BASELINE_FILES = {
 
 def check_real_config(cfg: RealDemoConfig) -> None:
     """Refuse settings the stages cannot honour, before any slow step."""
-    env = cfg.ppo.env_config()
+    env = cfg.environment
     need = cfg.expert.max_searches
     if env.max_turns < need + 1 or env.max_tool_calls < need:
         raise ConfigError(
-            f"expert.max_searches={need} needs ppo.max_turns >= {need + 1} and ppo.max_tool_calls >= {need} "
+            f"expert.max_searches={need} needs environment.max_turns >= {need + 1} and environment.max_tool_calls "
+            f">= {need} "
             f"(they are {env.max_turns} and {env.max_tool_calls}); raise them or lower expert.max_searches"
         )
     if cfg.finetune == "lora" and cfg.ppo.ref_model_path is not None:
@@ -701,7 +723,7 @@ def run_real_demo(cfg: RealDemoConfig) -> dict[str, Any]:
     """Run every stage (module docstring); returns the summary written to `<out_dir>/summary.json`."""
     from searchrl.models.tiny import load_policy, load_tokenizer
     from searchrl.ppo.trainer import PPOTrainer
-    from searchrl.rewards.combine import default_rubric, load_rubric
+    from searchrl.rewards.combine import default_rubric
     from searchrl.search.index import build_index
 
     check_real_config(cfg)
@@ -714,7 +736,7 @@ def run_real_demo(cfg: RealDemoConfig) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     save_config(cfg, out / "demo_config.yaml")
     clock = RealStageClock(cfg.progress_bar)
-    rubric = load_rubric(cfg.ppo.reward_config_path) if cfg.ppo.reward_config_path else default_rubric()
+    rubric = default_rubric()
 
     # 1-3. model, data, index ------------------------------------------------------------------------------------
     base_dir, imported = clock.run("import", lambda: import_base(cfg, out))
@@ -728,7 +750,9 @@ def run_real_demo(cfg: RealDemoConfig) -> dict[str, Any]:
 
     backend = clock.run("index", make_index)
     tok = load_tokenizer(base_dir)
-    env_config = cfg.ppo.env_config()  # one environment for demonstrations, training and every evaluation
+    env_config = (
+        cfg.environment.env_config()
+    )  # one environment for demonstrations, training and every evaluation
 
     def env_factory() -> SearchEnvironment:
         return SearchEnvironment(backend, env_config, tokenizer=tok)
@@ -766,7 +790,7 @@ def run_real_demo(cfg: RealDemoConfig) -> dict[str, Any]:
         from searchrl.evaluation.evaluate import generation_config_from_ppo
 
         expert = RealExpert(cfg.expert)
-        gen = generation_config_from_ppo(cfg.ppo)
+        gen = generation_config_from_ppo(cfg.ppo_config())
         demos: list[Trajectory] = []
         for i in range(0, len(train_rows), cfg.demo_batch_size):
             chunk = train_rows[i : i + cfg.demo_batch_size]
@@ -780,7 +804,8 @@ def run_real_demo(cfg: RealDemoConfig) -> dict[str, Any]:
     if not kept:
         raise RuntimeError(
             f"none of the {len(demos)} expert demonstrations is supported (its cited document holds the answer); "
-            "raise train_questions, ppo.max_observation_tokens or ppo.topk, or set supported_only: false"
+            "raise train_questions, environment.max_observation_tokens or environment.topk, or set supported_only: "
+            "false"
         )
 
     # 6. SFT ---------------------------------------------------------------------------------------------------------
@@ -808,9 +833,7 @@ def run_real_demo(cfg: RealDemoConfig) -> dict[str, Any]:
     _write_eval(out, "sft-test", sft_summary, sft_trajs, {**eval_meta, "stage": "sft"})
 
     # 8. PPO from the warm start ------------------------------------------------------------------------------------
-    ppo_args = dataclasses.replace(
-        cfg.ppo, output_dir=str(out / "ppo"), seed=cfg.seed, progress_bar=cfg.progress_bar
-    )
+    ppo_args = cfg.ppo_config()
     ppo_before = _param_snapshot(sft_policy)
 
     def train_ppo() -> Any:

@@ -672,7 +672,10 @@ def search_for_eval(
             "no search index: the run config names no index_dir and --index was not given; build one with "
             "`searchrl index --corpus FILE --out DIR` and pass --index DIR, or pass --corpus FILE"
         )
-    backend = open_backend(SearchConfig.of_run(config, index=index_dir))  # the search room's one opener
+    if index_dir is not None:
+        backend = open_backend(SearchConfig(index=str(index_dir)))  # the search room's one opener
+    else:
+        backend = config.open_backend(read_timeout=config.search_timeout_s)
     yield backend, {"index": str(index_dir if index_dir is not None else getattr(config, "search_url", ""))}
 
 

@@ -87,12 +87,12 @@ ROW_COLUMNS = ("id", "question", "golds")
 
 
 def env_config_for(cfg: GRPORunConfig) -> EnvConfig:
-    """The environment of a run: `PPOConfig.env_config`'s mapping (see `GRPORunConfig.env_config`)."""
+    """The environment of a run: its environment section's one mapping (`EnvironmentSection.env_config`)."""
     return cfg.env_config()
 
 
 def generation_config_for(cfg: GRPORunConfig, temperature: float | None = None) -> GenerationConfig:
-    """The rollout limits of a run: `generation_config_from_ppo`, PPO's own mapping (same field names)."""
+    """The rollout limits of a run: `generation_config_from_ppo`, PPO's own mapping (the same sections)."""
     config = generation_config_from_ppo(cfg)
     return config if temperature is None else replace(config, temperature=temperature)
 
@@ -883,6 +883,7 @@ def build_grpo_trainer(
             tokenizer=tokenizer,
             generation_config=asdict(generation_config_for(cfg)),
             index_fingerprint=getattr(backend, "fingerprint", None),
+            config=cfg,
             extra={
                 "trainer": "grpo",
                 "mode": cfg.mode,
@@ -959,7 +960,6 @@ def run_grpo(cfg: GRPORunConfig, resume: bool = False) -> Path:
     """
     from searchrl.data.datasets import load_qa
     from searchrl.models.tiny import load_policy, load_tokenizer
-    from searchrl.search.index import SearchConfig, open_backend
 
     if not cfg.policy_model_path:
         raise ConfigError(
@@ -971,7 +971,7 @@ def run_grpo(cfg: GRPORunConfig, resume: bool = False) -> Path:
     tokenizer = load_tokenizer(cfg.tokenizer_path or cfg.policy_model_path)
     model = load_policy(cfg.policy_model_path)
     model.train()
-    backend = open_backend(SearchConfig.of_run(cfg))
+    backend = cfg.open_backend(read_timeout=cfg.search_timeout_s)
     rubric = load_rubric(cfg.reward_config_path) if cfg.reward_config_path else default_rubric()
     train_rows = load_qa(cfg.train_file)
     eval_rows = load_qa(cfg.dev_file) if cfg.dev_file else None

@@ -1,40 +1,31 @@
 """GRPO from an existing warm-start policy with a PPO stage's settings: the demo's side-by-side runs.
 
-Why a function of its own: the comparison is only fair when GRPO starts from the same SFT weights as PPO
-and gets the same environment, rollout limits, sampling, batch, episode budget and evaluation. Those all
-come from the PPO stage's `PPOConfig` here (`grpo_config_from_ppo`), so the caller (the demo, the
-comparison script) cannot set one of them differently by accident; the environment the caller's
-`env_factory` builds is checked against the one the PPO settings imply.
+Why a function of its own: the comparison is only fair when GRPO starts from the same SFT weights as PPO and
+gets the same environment, rollout limits, sampling, batch, episode budget and evaluation. Those are the
+sections both configs inherit (`searchrl.sections`), copied from the PPO stage's `PPOConfig` by
+`with_sections_of`; GRPO builds its environment from them itself, so the caller passes only the search
+backend and cannot hand GRPO another task by accident.
 
     run_dir = train_grpo_from_warm_start(
-        "runs/demo/sft/policy", tok, train_rows, dev_rows, env_factory, rubric,
-        mode="our_rollout", total_episodes=640, out_dir="runs/demo/grpo_our_rollout", ppo_config=cfg.ppo,
+        "runs/demo/sft/policy", tok, train_rows, dev_rows, backend, rubric,
+        mode="our_rollout", total_episodes=640, out_dir="runs/demo/grpo_our_rollout", ppo_config=ppo_args,
     )
 """
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from searchrl.common.config import ConfigError
-from searchrl.env.environment import SearchEnvironment
-from searchrl.grpo.config import GRPO_MODES, grpo_config_from_ppo
+from searchrl.grpo.config import GRPO_MODES, GRPORunConfig
 from searchrl.ppo.config import PPOConfig
 from searchrl.rewards.combine import Rubric
-
-
-def env_config_mismatch(expected: Any, actual: Any) -> list[str]:
-    """`field: expected vs actual` for every `EnvConfig` field that differs (empty when equal)."""
-    return [
-        f"{f.name}: {getattr(expected, f.name)!r} (PPO settings) vs {getattr(actual, f.name)!r} (env_factory)"
-        for f in dataclasses.fields(expected)
-        if getattr(expected, f.name) != getattr(actual, f.name)
-    ]
+from searchrl.search.base import Backend
+from searchrl.sections import with_sections_of
 
 
 def train_grpo_from_warm_start(
@@ -42,7 +33,7 @@ def train_grpo_from_warm_start(
     tokenizer: Any,
     train_rows: Sequence[dict[str, Any]],
     eval_rows: Sequence[dict[str, Any]] | None,
-    env_factory: Callable[[], SearchEnvironment],
+    backend: Backend,
     rubric: Rubric,
     mode: str,
     total_episodes: int,
@@ -56,14 +47,13 @@ def train_grpo_from_warm_start(
     """Train GRPO (`mode`: trl_loop | our_rollout) from the policy in `policy_dir`; returns the run directory.
 
     Every setting GRPO shares with PPO comes from `ppo_config` (the PPO stage it is compared with): the
-    environment (`ppo_config.env_config()`), the rollout limits and sampling
-    (`generation_config_from_ppo`), the episodes per optimizer step, the learning rate and schedule, and
-    the dev evaluation (`eval_steps`, `num_eval_questions`, `eval_temperature`), with a step-0 evaluation
-    of the warm start. `total_episodes` is the budget; `overrides` sets GRPO-only fields
-    (`num_generations`, `beta`, `loss_type`, ...) or anything else, last. `env_factory` (the caller's,
-    e.g. the demo's) supplies the search backend; its environment must equal the PPO settings' one.
-    `eval_rows` is the dev split (never the test split). `resume=True` continues a killed run in `out_dir`.
-    The run directory has `eval/step-N.json` with `eval/exact_match`, `episode` and `time/train_s`.
+    environment, the rollout limits and sampling, the episodes per optimizer step, the learning rate and
+    schedule, and the dev evaluation (`eval_steps`, `num_eval_questions`, `eval_temperature`), with a step-0
+    evaluation of the warm start. `total_episodes` is the budget; `overrides` sets GRPO-only fields
+    (`num_generations`, `beta`, `loss_type`, ...) or anything else, last. `backend` is the search engine (the
+    caller's, e.g. the demo's index). `eval_rows` is the dev split (never the test split). `resume=True`
+    continues a killed run in `out_dir`. The run directory has `eval/step-N.json` with `eval/exact_match`,
+    `episode` and `time/train_s`.
     """
     if mode not in GRPO_MODES:
         raise ConfigError(f"mode: {mode!r} is not one of {list(GRPO_MODES)}")
@@ -79,17 +69,10 @@ def train_grpo_from_warm_start(
         "policy_model_path": str(policy_dir),
         "total_episodes": total_episodes,
         "eval_on_start": True,
+        "eval_batch_size": ppo_config.episodes_per_step,  # PPO's evaluation batch: one step's episodes
         **(overrides or {}),
     }
-    cfg = grpo_config_from_ppo(ppo_config, **values)
-    probe = env_factory()
-    differ = env_config_mismatch(cfg.env_config(), probe.config)
-    if differ:
-        raise ConfigError(
-            "env_factory builds another environment than the PPO settings imply: "
-            + "; ".join(differ)
-            + ". Build it from ppo_config.env_config() so both trainers see the same task."
-        )
+    cfg = with_sections_of(GRPORunConfig, ppo_config, **values)
     from searchrl.grpo.trainer import build_grpo_trainer
     from searchrl.models.tiny import load_policy
 
@@ -99,7 +82,7 @@ def train_grpo_from_warm_start(
         cfg,
         policy,
         tokenizer,
-        probe.backend,
+        backend,
         train_rows,
         eval_rows,
         rubric,

@@ -49,6 +49,7 @@ def start_or_resume(trainer: Any, resume: bool) -> None:
             seeds={"seed": args.seed},
             tokenizer=trainer.tokenizer,
             generation_config=asdict(trainer.generation_config),
+            config=args,
             extra=extra,
         )
         trainer.run.write_manifest(manifest)

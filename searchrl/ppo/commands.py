@@ -122,10 +122,9 @@ def load_reward_functions(cfg: PPOConfig) -> Any:
 def build_trainer(cfg: PPOConfig) -> Any:
     """Everything `searchrl train` assembles, as a ready `PPOTrainer`."""
     from searchrl.ppo.trainer import PPOTrainer
-    from searchrl.search.index import SearchConfig, open_backend
 
     train_rows, dev_rows = load_questions(cfg)
-    backend = open_backend(SearchConfig.of_run(cfg))
+    backend = cfg.open_backend(read_timeout=cfg.search_timeout_s)
     policy, tokenizer = load_or_build_policy(cfg, train_rows)
     ref, value, reward_model = load_side_models(cfg)
     return PPOTrainer(

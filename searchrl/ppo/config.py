@@ -10,6 +10,14 @@ meant nothing to TRL's PPO loop anyway. What is new: adaptive KL (`kl_target`, `
 gradient clip that is really applied, a separate value learning rate, rollout limits for multi-turn
 tool use, and the collapse guard.
 
+How it is put together: the settings every trainer shares (run directory and cadence, model, data, search,
+environment, sampling, batch and optimiser) are the sections of `searchrl.sections`, declared and checked
+there once; `PPOSection` adds what only PPO has (the critic and reference, KL, clipping, GAE, mini-batches,
+the collapse guard, the rollout engine) and `PPOConfig` is the flat union TRL users know (`args.max_turns`,
+`PPOConfig(kl_coef=0.1, max_turns=3)`, flat YAML). The demos keep `PPOSection` as their `ppo:` part, beside
+their `environment:` and `generation:` parts, and build the stage's `PPOConfig` with
+`searchrl.sections.with_sections_of`.
+
 Batch arithmetic is TRL's (`finalize` computes it; one PPO step = one rollout batch):
 `local_batch_size = per_device_train_batch_size * gradient_accumulation_steps` episodes per process,
 `batch_size = local_batch_size * world_size`, `mini_batch_size = batch_size / num_mini_batches`,
@@ -24,23 +32,24 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Literal
+from typing import ClassVar, Literal, Self
 
+from searchrl.common.config import ConfigError
 from searchrl.ppo.kl import KL_ESTIMATORS
+from searchrl.sections import (
+    DataSection,
+    EnvironmentSection,
+    GenerationSection,
+    ModelSection,
+    RunSection,
+    SearchSection,
+    TrainingSection,
+    require,
+    require_choice,
+)
 
 VALUE_MODES = ("separate", "shared_backbone")
-LR_SCHEDULER_TYPES = (
-    "linear",
-    "cosine",
-    "cosine_with_restarts",
-    "polynomial",
-    "constant",
-    "constant_with_warmup",
-    "inverse_sqrt",
-)
 MIXED_PRECISION_MODES = ("no", "bf16", "fp16")
-SEARCH_BACKENDS = ("bm25", "dense", "http")
 ROLLOUT_BACKENDS = ("hf", "vllm")
 
 
@@ -49,42 +58,16 @@ def _help(text: str) -> dict[str, str]:
 
 
 @dataclass
-class PPOConfig:
-    """All settings of `searchrl train`; TRL 1.12's names and defaults where they exist."""
+class PPOSection(RunSection, TrainingSection):
+    """What a PPO stage sets besides the shared environment, generation, search, data and model sections.
 
-    # --- run -------------------------------------------------------------------------------------
-    output_dir: str = field(
-        default="runs/ppo",
-        metadata=_help(
-            "The run directory (TRL's meaning): config.yaml, manifest.json, metrics.jsonl, checkpoints/ go here."
-        ),
-    )
-    run_name: str | None = field(
-        default=None,
-        metadata=_help("Name shown by loggers (tensorboard, trackio); null: the output_dir's name."),
-    )
-    seed: int = field(
-        default=42,
-        metadata=_help("Random seed; process i uses seed + i * 100003 so ranks sample different rollouts."),
-    )
-    report_to: list[str] = field(
-        default_factory=lambda: ["none"],
-        metadata=_help(
-            'Extra loggers through transformers callbacks, e.g. ["tensorboard"] or ["trackio"]; ["none"] for '
-            "none. metrics.jsonl is always written."
-        ),
-    )
+    The run's recording and the batch and optimiser come from `RunSection` and `TrainingSection`; the fields
+    below are PPO's own. A demo's `ppo:` part is one of these.
+    """
 
-    # --- models ----------------------------------------------------------------------------------
-    policy_model_path: str | None = field(
-        default=None,
-        metadata=_help(
-            "Local folder of the policy causal LM (e.g. the SFT warm-start output). Never downloaded."
-        ),
-    )
-    tokenizer_path: str | None = field(
-        default=None, metadata=_help("Local folder of the tokenizer; null uses policy_model_path.")
-    )
+    default_output_dir: ClassVar[str] = "runs/ppo"
+
+    # --- models besides the policy ---
     ref_model_path: str | None = field(
         default=None,
         metadata=_help(
@@ -115,19 +98,9 @@ class PPOConfig:
     reward_model_weight: float = field(
         default=1.0, metadata=_help("Weight of the reward model's score in the total score.")
     )
-    reward_config_path: str | None = field(
-        default=None,
-        metadata=_help(
-            "YAML file of the reward functions and their weights; null uses the rewards' defaults."
-        ),
-    )
     gradient_checkpointing: bool = field(
         default=False,
         metadata=_help("Recompute activations in the backward pass of the policy to save memory."),
-    )
-    use_cpu: bool = field(
-        default=False,
-        metadata=_help("Train on the CPU even when a GPU is available (TrainingArguments' name)."),
     )
     mixed_precision: Literal["no", "bf16", "fp16"] = field(
         default="no",
@@ -136,98 +109,7 @@ class PPOConfig:
         ),
     )
 
-    # --- data and search -------------------------------------------------------------------------
-    train_file: str | None = field(
-        default=None, metadata=_help("JSONL of training questions (question, golds); the train split.")
-    )
-    dev_file: str | None = field(
-        default=None,
-        metadata=_help(
-            "JSONL of dev questions for periodic evaluation and model selection (never the test split)."
-        ),
-    )
-    corpus_path: str | None = field(default=None, metadata=_help("Corpus JSONL (id, title, contents)."))
-    index_dir: str | None = field(
-        default=None, metadata=_help("Folder of the search index built by `searchrl index`.")
-    )
-    search_backend: Literal["bm25", "dense", "http"] = field(
-        default="bm25",
-        metadata=_help('Search engine: "bm25" or "dense" in process, "http" for `searchrl serve`.'),
-    )
-    search_url: str | None = field(
-        default=None, metadata=_help('Base URL of the search server when search_backend is "http".')
-    )
-    topk: int = field(default=3, metadata=_help("Documents returned per search query (Search-R1 uses 3)."))
-    search_timeout_s: float = field(
-        default=5.0,
-        metadata=_help("Seconds before a search call times out and becomes an error observation."),
-    )
-    protocol: Literal["chat", "search_r1"] = field(
-        default="chat",
-        metadata=_help("Tool-call protocol: 'chat' (<tool_call> JSON, tool messages) or Search-R1's tags."),
-    )
-    tool_schema_in_prompt: bool = field(
-        default=True,
-        metadata=_help(
-            "Render the tool JSON schema into the prompt (chat protocol); false keeps prompts short for "
-            "tiny models (one example call in the system prompt instead)."
-        ),
-    )
-    citation_style: Literal["doc_id", "number"] = field(
-        default="doc_id",
-        metadata=_help(
-            "How the environment labels documents and the policy cites them: 'doc_id' ([d000042]) or 'number' "
-            "([1], [2], ... in the order the episode shows them, mapped back to document ids for rewards)."
-        ),
-    )
-    system_prompt: str | None = field(
-        default=None,
-        metadata=_help(
-            "System prompt of every episode (training, evaluation, demonstrations); null: the environment's "
-            "default for the protocol."
-        ),
-    )
-
-    # --- rollout limits and sampling -------------------------------------------------------------
-    max_turns: int = field(default=4, metadata=_help("Most assistant turns per episode."))
-    max_tool_calls: int = field(
-        default=4,
-        metadata=_help(
-            "Most tool calls per episode; further calls get an over-budget observation (0 = no search)."
-        ),
-    )
-    max_new_tokens_per_turn: int = field(
-        default=64, metadata=_help("Most tokens the policy may sample in one turn (TRL's response_length).")
-    )
-    max_episode_tokens: int = field(
-        default=1024,
-        metadata=_help(
-            "Most tokens after the prompt in one episode (actions and observations; EnvConfig's max_total_tokens)."
-        ),
-    )
-    max_observation_tokens: int = field(
-        default=256, metadata=_help("A tool result longer than this many tokens is truncated.")
-    )
-    temperature: float = field(
-        default=0.7,
-        metadata=_help(
-            "Sampling temperature; logprobs (policy and reference) are computed at the same temperature. "
-            "0.7 is TRL 1.12's PPOConfig default (GRPORunConfig keeps TRL GRPOConfig's 1.0; Search-R1 uses 1.0)."
-        ),
-    )
-    eval_temperature: float = field(
-        default=0.01,
-        metadata=_help(
-            "Sampling temperature of dev evaluations (near-greedy, like TRL's sample generations)."
-        ),
-    )
-    top_p: float = field(
-        default=1.0,
-        metadata=_help("Nucleus sampling; keep 1.0: truncated sampling makes the k1 KL penalty exploitable."),
-    )
-    top_k: int = field(
-        default=0, metadata=_help("Top-k sampling; 0 disables it (recommended, as for top_p).")
-    )
+    # --- rollout ---
     missing_eos_penalty: float | None = field(
         default=None,
         metadata=_help(
@@ -262,31 +144,16 @@ class PPOConfig:
         ),
     )
 
-    # --- batch arithmetic (TRL 1.12) -------------------------------------------------------------
-    per_device_train_batch_size: int = field(
-        default=8, metadata=_help("Episodes per micro-batch on each process (one forward/backward).")
-    )
-    gradient_accumulation_steps: int = field(
-        default=1,
-        metadata=_help(
-            "Micro-batches per process per rollout batch: local_batch_size = per_device_train_batch_size * this."
-        ),
-    )
+    # --- batch arithmetic (TRL 1.12; the batch sizes are TrainingSection's) ---
     num_mini_batches: int = field(
         default=1, metadata=_help("Mini-batches per PPO epoch; the optimizer steps once per mini-batch.")
     )
     num_ppo_epochs: int = field(default=4, metadata=_help("Passes of PPO updates over each rollout batch."))
-    total_episodes: int | None = field(
-        default=None,
-        metadata=_help(
-            "Episodes to train on in total; null: num_train_epochs * number of training questions."
-        ),
-    )
     num_train_epochs: float = field(
         default=3.0, metadata=_help("Passes over the training questions when total_episodes is null.")
     )
 
-    # --- PPO -------------------------------------------------------------------------------------
+    # --- PPO ---
     kl_coef: float = field(
         default=0.05,
         metadata=_help(
@@ -326,74 +193,14 @@ class PPOConfig:
         metadata=_help("Whiten advantages to mean 0, std 1 over action tokens (TRL always did)."),
     )
 
-    # --- optimisation ----------------------------------------------------------------------------
-    learning_rate: float = field(default=3e-6, metadata=_help("AdamW learning rate of the policy."))
+    # --- optimisation besides TrainingSection's ---
     value_learning_rate: float | None = field(
         default=None, metadata=_help("AdamW learning rate of the value model; null: learning_rate.")
     )
-    weight_decay: float = field(default=0.0, metadata=_help("AdamW weight decay."))
     adam_beta1: float = field(default=0.9, metadata=_help("AdamW beta1."))
     adam_beta2: float = field(default=0.999, metadata=_help("AdamW beta2."))
     adam_epsilon: float = field(
         default=1e-8, metadata=_help("AdamW epsilon (transformers' default; the N+ PPO recipe used 1e-5).")
-    )
-    lr_scheduler_type: Literal[
-        "linear",
-        "cosine",
-        "cosine_with_restarts",
-        "polynomial",
-        "constant",
-        "constant_with_warmup",
-        "inverse_sqrt",
-    ] = field(default="linear", metadata=_help("Learning-rate schedule (transformers.get_scheduler names)."))
-    warmup_steps: int = field(default=0, metadata=_help("Optimizer steps of linear warm-up."))
-    max_grad_norm: float | None = field(
-        default=1.0,
-        metadata=_help("Clip the global gradient norm to this before each optimizer step; null: off."),
-    )
-
-    # --- saving, evaluation, logging -------------------------------------------------------------
-    save_steps: int = field(default=50, metadata=_help("Write a checkpoint every this many PPO steps."))
-    save_total_limit: int | None = field(
-        default=None, metadata=_help("Keep only this many most recent checkpoints; null keeps all.")
-    )
-    eval_steps: int = field(
-        default=50, metadata=_help("Evaluate on the dev questions every this many PPO steps.")
-    )
-    eval_on_start: bool = field(
-        default=False,
-        metadata=_help(
-            "Also evaluate the starting policy before the first update (RUN/eval/step-0.json and a step-0 "
-            "metrics line; transformers' name). Off by default as in TRL's PPO, on in the shipped configs."
-        ),
-    )
-    num_eval_questions: int = field(default=64, metadata=_help("Dev questions per evaluation."))
-    logging_steps: int = field(
-        default=1,
-        metadata=_help(
-            "Write a metrics.jsonl line (and call on_log) every this many PPO steps; steps that evaluate, roll "
-            "back or end the run are always written."
-        ),
-    )
-    num_sample_generations: int = field(
-        default=10,
-        metadata=_help(
-            "How many times over the run to write a few sampled episodes as text to RUN/samples.jsonl; 0: never."
-        ),
-    )
-    save_trajectories: bool = field(
-        default=True,
-        metadata=_help("Write every step's trajectories to <output_dir>/trajectories/*.jsonl.gz."),
-    )
-    progress_bar: bool = field(default=True, metadata=_help("Show a rich progress bar while training."))
-
-    best_metric: str | None = field(
-        default="eval/reward",
-        metadata=_help(
-            "Keep the checkpoint of the dev evaluation with the highest value of this metric (eval/reward, "
-            "eval/exact_match, eval/f1, ...): it is written when it is reached, never pruned, named in "
-            "RUN/best_checkpoint.json and evaluated with `searchrl eval --checkpoint best`; null: off."
-        ),
     )
 
     # --- collapse guard: bounds on the mean over the last collapse_window steps; null turns one off ---
@@ -450,7 +257,7 @@ class PPOConfig:
         default=3, metadata=_help("Stop the run with an error after this many rollbacks instead of looping.")
     )
 
-    # --- computed by finalize(); values given in YAML are overwritten ------------------------------
+    # --- computed by finalize(); values given in YAML are overwritten ---
     world_size: int | None = field(default=None, metadata=_help("Computed: number of processes."))
     local_batch_size: int | None = field(
         default=None, metadata=_help("Computed: episodes per process per PPO step.")
@@ -477,21 +284,16 @@ class PPOConfig:
         default=None, metadata=_help("Computed: PPO steps in the run (= max_steps).")
     )
 
-    def __post_init__(self) -> None:
-        self._validate_choices()
-        self._validate_ppo_ranges()
-        self._validate_optimisation()
-        self._validate_counts()
-        self._validate_collapse_guard()
-        self._validate_best_metric()
-        self._validate_rollout_backend()
+    def check(self) -> None:
+        """PPO's own fields; the sections check theirs (`searchrl.sections.check_sections`)."""
+        self._check_choices()
+        self._check_ppo_ranges()
+        self._check_optimisation()
+        self._check_counts()
+        self._check_collapse_guard()
+        self._check_rollout_backend()
 
     # --- derived values ----------------------------------------------------------------------------
-    @property
-    def run_dir(self) -> Path:
-        """The run directory (`output_dir`): config.yaml, metrics.jsonl, checkpoints/ and the rest."""
-        return Path(self.output_dir)
-
     @property
     def effective_value_learning_rate(self) -> float:
         """The value model's learning rate (value_learning_rate, or learning_rate when that is null)."""
@@ -501,29 +303,12 @@ class PPOConfig:
     def adaptive_kl(self) -> bool:
         return self.kl_target is not None
 
-    def env_config(self) -> Any:
-        """The `EnvConfig` these settings imply: training, dev evaluation and offline eval share it."""
-        from searchrl.env.environment import EnvConfig
-
-        return EnvConfig(
-            protocol=self.protocol,
-            max_turns=self.max_turns,
-            max_tool_calls=self.max_tool_calls,
-            max_total_tokens=self.max_episode_tokens,
-            max_observation_tokens=self.max_observation_tokens,
-            topk=self.topk,
-            tool_timeout_s=self.search_timeout_s,
-            tool_schema_in_prompt=self.tool_schema_in_prompt,
-            citation_style=self.citation_style,
-            system_prompt=self.system_prompt,
-        )
-
-    def finalize(self, world_size: int = 1, num_train_rows: int | None = None) -> PPOConfig:
+    def finalize(self, world_size: int = 1, num_train_rows: int | None = None) -> Self:
         """Compute the batch arithmetic for `world_size` processes and a train set of `num_train_rows`.
 
         Raises ValueError, saying what to change, when the sizes do not divide. Returns self.
         """
-        _require(
+        require(
             isinstance(world_size, int) and world_size >= 1, "world_size", world_size, "must be an int >= 1"
         )
         local_batch_size = self.per_device_train_batch_size * self.gradient_accumulation_steps
@@ -552,14 +337,14 @@ class PPOConfig:
                 )
             total_episodes = int(self.num_train_epochs * num_train_rows)
         if num_train_rows is not None:
-            _require(num_train_rows >= 1, "num_train_rows", num_train_rows, "the training set is empty")
+            require(num_train_rows >= 1, "num_train_rows", num_train_rows, "the training set is empty")
             if num_train_rows < batch_size:
                 raise ValueError(
                     f"The training set has {num_train_rows} questions but one PPO step needs batch_size = "
                     f"{batch_size} (per_device_train_batch_size * gradient_accumulation_steps * world_size); "
                     "lower per_device_train_batch_size or gradient_accumulation_steps, or add questions."
                 )
-        _require(
+        require(
             total_episodes >= 1, "total_episodes", total_episodes, "must be >= 1 (is the training set empty?)"
         )
 
@@ -574,94 +359,69 @@ class PPOConfig:
         self.num_total_batches = math.ceil(total_episodes / batch_size)
         return self
 
-    # --- validation --------------------------------------------------------------------------------
-    def _validate_choices(self) -> None:
-        _require_choice(self.kl_estimator, "kl_estimator", KL_ESTIMATORS)
-        _require_choice(self.value_mode, "value_mode", VALUE_MODES)
-        _require_choice(self.lr_scheduler_type, "lr_scheduler_type", LR_SCHEDULER_TYPES)
-        _require_choice(self.mixed_precision, "mixed_precision", MIXED_PRECISION_MODES)
-        _require_choice(self.search_backend, "search_backend", SEARCH_BACKENDS)
-        if not isinstance(self.report_to, list) or not all(isinstance(r, str) for r in self.report_to):
-            raise ValueError(
-                f'report_to must be a list of logger names such as ["tensorboard"], got {self.report_to!r}.'
-            )
-        if "none" in self.report_to and len(self.report_to) > 1:
-            raise ValueError(
-                f'report_to {self.report_to!r} mixes "none" with loggers; use ["none"] or drop "none".'
-            )
-        if self.search_backend == "http" and not self.search_url:
-            raise ValueError(
-                'search_backend is "http" but search_url is not set; give the URL of `searchrl serve`.'
-            )
+    # --- validation of PPO's own fields ------------------------------------------------------------
+    def _check_choices(self) -> None:
+        require_choice(self.kl_estimator, "kl_estimator", KL_ESTIMATORS)
+        require_choice(self.value_mode, "value_mode", VALUE_MODES)
+        require_choice(self.mixed_precision, "mixed_precision", MIXED_PRECISION_MODES)
 
-    def _validate_ppo_ranges(self) -> None:
-        _require(self.kl_coef >= 0, "kl_coef", self.kl_coef, "must be >= 0 (0 disables the KL penalty)")
+    def _check_ppo_ranges(self) -> None:
+        require(self.kl_coef >= 0, "kl_coef", self.kl_coef, "must be >= 0 (0 disables the KL penalty)")
         if self.kl_target is not None:
-            _require(
+            require(
                 self.kl_target > 0, "kl_target", self.kl_target, "must be > 0 nats per trajectory, or null"
             )
-            _require(
+            require(
                 self.kl_coef > 0,
                 "kl_coef",
                 self.kl_coef,
                 "must be > 0 with kl_target (it is the initial beta)",
             )
-        _require(self.kl_horizon > 0, "kl_horizon", self.kl_horizon, "must be > 0 episodes (TRL used 10000)")
-        _require(
+        require(self.kl_horizon > 0, "kl_horizon", self.kl_horizon, "must be > 0 episodes (TRL used 10000)")
+        require(
             0 < self.cliprange < 1, "cliprange", self.cliprange, "must be in (0, 1); TRL's default is 0.2"
         )
-        _require(
+        require(
             self.cliprange_value > 0,
             "cliprange_value",
             self.cliprange_value,
             "must be > 0; TRL's default is 0.2",
         )
-        _require(self.vf_coef >= 0, "vf_coef", self.vf_coef, "must be >= 0")
-        _require(0 <= self.gamma <= 1, "gamma", self.gamma, "must be in [0, 1]")
-        _require(0 <= self.lam <= 1, "lam", self.lam, "must be in [0, 1]")
-        _require(self.temperature > 0, "temperature", self.temperature, "must be > 0")
-        _require(self.eval_temperature > 0, "eval_temperature", self.eval_temperature, "must be > 0")
-        _require(0 < self.top_p <= 1, "top_p", self.top_p, "must be in (0, 1]; 1.0 disables nucleus sampling")
-        _require(self.top_k >= 0, "top_k", self.top_k, "must be >= 0; 0 disables top-k")
+        require(self.vf_coef >= 0, "vf_coef", self.vf_coef, "must be >= 0")
+        require(0 <= self.gamma <= 1, "gamma", self.gamma, "must be in [0, 1]")
+        require(0 <= self.lam <= 1, "lam", self.lam, "must be in [0, 1]")
         if self.missing_eos_penalty is not None:
-            _require(
+            require(
                 self.missing_eos_penalty >= 0,
                 "missing_eos_penalty",
                 self.missing_eos_penalty,
                 "must be >= 0 (it is subtracted from the score) or null",
             )
 
-    def _validate_optimisation(self) -> None:
-        _require(self.learning_rate > 0, "learning_rate", self.learning_rate, "must be > 0")
+    def _check_optimisation(self) -> None:
         if self.value_learning_rate is not None:
-            _require(
+            require(
                 self.value_learning_rate > 0,
                 "value_learning_rate",
                 self.value_learning_rate,
                 "must be > 0 or null",
             )
-        _require(self.weight_decay >= 0, "weight_decay", self.weight_decay, "must be >= 0")
-        _require(0 <= self.adam_beta1 < 1, "adam_beta1", self.adam_beta1, "must be in [0, 1)")
-        _require(0 <= self.adam_beta2 < 1, "adam_beta2", self.adam_beta2, "must be in [0, 1)")
-        _require(self.adam_epsilon > 0, "adam_epsilon", self.adam_epsilon, "must be > 0")
-        _require(self.warmup_steps >= 0, "warmup_steps", self.warmup_steps, "must be >= 0")
-        if self.max_grad_norm is not None:
-            _require(
-                self.max_grad_norm > 0, "max_grad_norm", self.max_grad_norm, "must be > 0, or null to disable"
-            )
-        _require(
+        require(0 <= self.adam_beta1 < 1, "adam_beta1", self.adam_beta1, "must be in [0, 1)")
+        require(0 <= self.adam_beta2 < 1, "adam_beta2", self.adam_beta2, "must be in [0, 1)")
+        require(self.adam_epsilon > 0, "adam_epsilon", self.adam_epsilon, "must be > 0")
+        require(
             self.reward_model_weight >= 0, "reward_model_weight", self.reward_model_weight, "must be >= 0"
         )
 
-    def _validate_collapse_guard(self) -> None:
-        _require(self.collapse_window >= 1, "collapse_window", self.collapse_window, "must be >= 1")
-        _require(
+    def _check_collapse_guard(self) -> None:
+        require(self.collapse_window >= 1, "collapse_window", self.collapse_window, "must be >= 1")
+        require(
             0.0 < self.collapse_lr_decay <= 1.0,
             "collapse_lr_decay",
             self.collapse_lr_decay,
             "must be in (0, 1], e.g. 0.5 halves the learning rate",
         )
-        _require(
+        require(
             self.collapse_max_rollbacks >= 0,
             "collapse_max_rollbacks",
             self.collapse_max_rollbacks,
@@ -674,84 +434,38 @@ class PPOConfig:
             "collapse_format_drop",
         ):
             value = getattr(self, name)
-            _require(value is None or value >= 0, name, value, "must be >= 0, or null to turn this check off")
-        _require(
+            require(value is None or value >= 0, name, value, "must be >= 0, or null to turn this check off")
+        require(
             self.collapse_format_min is None or 0.0 <= self.collapse_format_min <= 1.0,
             "collapse_format_min",
             self.collapse_format_min,
             "must be in [0, 1], or null to turn this check off",
         )
 
-    def _validate_best_metric(self) -> None:
-        _require(
-            self.best_metric is None
-            or (isinstance(self.best_metric, str) and self.best_metric.startswith("eval/")),
-            "best_metric",
-            self.best_metric,
-            "must name a dev-evaluation metric such as eval/reward or eval/exact_match, or be null",
-        )
-
-    def _validate_counts(self) -> None:
-        at_least_one = (
-            "per_device_train_batch_size",
-            "gradient_accumulation_steps",
-            "num_mini_batches",
-            "num_ppo_epochs",
-            "max_turns",
-            "max_new_tokens_per_turn",
-            "max_episode_tokens",
-            "max_observation_tokens",
-            "topk",
-            "local_rollout_forward_batch_size",
-            "save_steps",
-            "eval_steps",
-            "logging_steps",
-            "num_eval_questions",
-        )
-        for name in at_least_one:
+    def _check_counts(self) -> None:
+        for name in ("num_mini_batches", "num_ppo_epochs", "local_rollout_forward_batch_size"):
             value = getattr(self, name)
-            _require(isinstance(value, int) and value >= 1, name, value, "must be an integer >= 1")
-        _require(self.max_tool_calls >= 0, "max_tool_calls", self.max_tool_calls, "must be >= 0")
-        _require(
-            self.num_sample_generations >= 0,
-            "num_sample_generations",
-            self.num_sample_generations,
-            "must be >= 0",
-        )
-        _require(self.search_timeout_s > 0, "search_timeout_s", self.search_timeout_s, "must be > 0 seconds")
-        _require(self.num_train_epochs > 0, "num_train_epochs", self.num_train_epochs, "must be > 0")
-        if self.total_episodes is not None:
-            _require(self.total_episodes >= 1, "total_episodes", self.total_episodes, "must be >= 1 or null")
-        if self.save_total_limit is not None:
-            _require(
-                self.save_total_limit >= 1, "save_total_limit", self.save_total_limit, "must be >= 1 or null"
-            )
-        if self.max_episode_tokens < self.max_new_tokens_per_turn:
-            raise ValueError(
-                f"max_episode_tokens ({self.max_episode_tokens}) is smaller than max_new_tokens_per_turn "
-                f"({self.max_new_tokens_per_turn}); raise max_episode_tokens or lower the per-turn limit."
-            )
+            require(isinstance(value, int) and value >= 1, name, value, "must be an integer >= 1")
+        require(self.num_train_epochs > 0, "num_train_epochs", self.num_train_epochs, "must be > 0")
 
-    def _validate_rollout_backend(self) -> None:
-        _require_choice(self.rollout_backend, "rollout_backend", ROLLOUT_BACKENDS)
-        _require(
+    def _check_rollout_backend(self) -> None:
+        require_choice(self.rollout_backend, "rollout_backend", ROLLOUT_BACKENDS)
+        require(
             0.0 < self.vllm_gpu_memory_utilization <= 1.0,
             "vllm_gpu_memory_utilization",
             self.vllm_gpu_memory_utilization,
             "must be in (0, 1] (a share of the GPU's memory)",
         )
         if self.rollout_backend == "vllm" and self.use_cpu:
-            raise ValueError(
+            raise ConfigError(
                 'rollout_backend="vllm" runs on a CUDA GPU, but use_cpu is true; set use_cpu: false, or '
                 'rollout_backend: "hf" to stay on the CPU.'
             )
 
 
-def _require(condition: bool, name: str, value: object, rule: str) -> None:
-    if not condition:
-        raise ValueError(f"{name}={value!r} {rule}.")
+@dataclass
+class PPOConfig(PPOSection, GenerationSection, EnvironmentSection, SearchSection, DataSection, ModelSection):
+    """All settings of `searchrl train`, flat as in TRL: the shared sections plus `PPOSection`.
 
-
-def _require_choice(value: str, name: str, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        raise ValueError(f"{name}={value!r} is not one of {list(choices)}.")
+    Constructing it checks every section's fields, then PPO's own (`searchrl.sections.check_sections`).
+    """

@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from searchrl.common.config import ConfigError
 from searchrl.common.io import atomic_write_json
 from searchrl.search.base import Backend
 from searchrl.search.bm25 import BM25Backend, BM25Params
@@ -212,35 +211,6 @@ class SearchConfig:
         default=0.0, metadata={"help": "Fraction of queries with shuffled hits."}
     )
     fault_latency_ms: float = field(default=0.0, metadata={"help": "Latency added to every call, in ms."})
-
-    @classmethod
-    def of_run(cls, run: Any, index: str | os.PathLike | None = None) -> SearchConfig:
-        """The search settings of a PPO or GRPO run config (`index_dir`, `search_url`, `search_backend`,
-        `corpus_path`, `search_timeout_s`), or of `index` when given (an evaluation's `--index`).
-
-        PPO's `search_backend: http` (GRPO has no such field: its `search_url` alone says so) takes the URL;
-        otherwise the index directory, built from `corpus_path` first when it does not exist yet.
-        """
-        timeout = float(getattr(run, "search_timeout_s", 30.0) or 30.0)
-        if index is not None:
-            return cls(index=str(index), read_timeout=timeout)
-        kind = getattr(run, "search_backend", None)
-        url = getattr(run, "search_url", None)
-        if kind == "http" or (kind is None and url):
-            if not url:
-                raise ConfigError("search_backend is 'http' but search_url is not set (see `searchrl serve`)")
-            return cls(url=url, read_timeout=timeout)
-        if not getattr(run, "index_dir", None):
-            raise ConfigError(
-                "no search engine: set index_dir (a folder made by `searchrl index`, or a new one built from "
-                "corpus_path) or search_url (a `searchrl serve` server)"
-            )
-        return cls(
-            index=str(run.index_dir),
-            corpus=str(run.corpus_path) if getattr(run, "corpus_path", None) else None,
-            index_backend=kind or "bm25",
-            read_timeout=timeout,
-        )
 
 
 def open_backend(cfg: SearchConfig | str | os.PathLike) -> Backend:

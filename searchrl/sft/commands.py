@@ -54,7 +54,7 @@ def _sft_command(
     out: Annotated[Path, typer.Option("--out", help="Output directory: model/, demonstrations, metrics.")],
     config: Annotated[
         Path | None,
-        typer.Option("--config", help="YAML of SFTRunConfig (expert, train, env, model sections)."),
+        typer.Option("--config", help="YAML of SFTRunConfig (expert, train, environment, model sections)."),
     ] = None,
     model: Annotated[
         Path | None,

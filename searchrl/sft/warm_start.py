@@ -49,6 +49,7 @@ from searchrl.models.forward_patches import remove_trainer_forward_patches
 from searchrl.models.tiny import TinyModelConfig
 from searchrl.rollout.chat import render_conversation
 from searchrl.rollout.generator import GenerationConfig, HFGenerator
+from searchrl.sections import EnvironmentSection
 from searchrl.sft.expert import ExpertConfig
 
 IGNORE_INDEX = -100
@@ -443,8 +444,12 @@ class SFTRunConfig:
     train: SFTWarmStartConfig = field(
         default_factory=SFTWarmStartConfig, metadata={"help": "SFTTrainer optimisation settings."}
     )
-    env: EnvConfig = field(
-        default_factory=EnvConfig, metadata={"help": "The environment the expert acts in."}
+    environment: EnvironmentSection = field(
+        default_factory=EnvironmentSection,
+        metadata={
+            "help": "The episode the expert demonstrates in (the same section PPO, GRPO and the demos use): "
+            "protocol, prompt, citations, turns, searches, top-k, token budgets."
+        },
     )
     model: TinyModelConfig = field(
         default_factory=TinyModelConfig, metadata={"help": "Shape of the tiny policy built when no --model."}
@@ -504,13 +509,14 @@ def run_warm_start_pipeline(
     from searchrl.sft.expert import ExpertPolicy
 
     config = config or SFTRunConfig()
+    env_config = config.environment.env_config()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     backend = open_backend(index_dir)
     if model_path is not None:
         tokenizer, policy = load_tokenizer(model_path), load_policy(model_path)
     else:
-        probe = SearchEnvironment(backend, config.env)
+        probe = SearchEnvironment(backend, env_config)
         texts = tokenizer_training_texts(corpus_rows, rows) + prompt_texts(probe, rows)
         tokenizer = train_bpe(texts, vocab_size=config.vocab_size)
         policy = build_policy(tokenizer, config.model)
@@ -518,7 +524,7 @@ def run_warm_start_pipeline(
     demos: list[Trajectory] = []
     for start in range(0, len(rows), config.demo_batch_size):
         chunk = list(rows[start : start + config.demo_batch_size])
-        envs = [SearchEnvironment(backend, config.env, tokenizer=tokenizer) for _ in chunk]
+        envs = [SearchEnvironment(backend, env_config, tokenizer=tokenizer) for _ in chunk]
         demos.extend(expert.demonstrate(policy, tokenizer, envs, chunk))
     write_trajectories(out / "demonstrations.jsonl.gz", demos)
     outcome = run_sft(policy, tokenizer, demos, config.train)
@@ -537,7 +543,7 @@ def run_warm_start_pipeline(
     }
     if dev_rows and config.eval_questions > 0:
         summary["dev_tool_call_rate"] = dev_tool_call_rate(
-            outcome.policy, tokenizer, backend, config.env, list(dev_rows)[: config.eval_questions]
+            outcome.policy, tokenizer, backend, env_config, list(dev_rows)[: config.eval_questions]
         )
     atomic_write_json(out / "sft_metrics.json", {**summary, "losses": outcome.losses, **outcome.metrics})
     return summary
