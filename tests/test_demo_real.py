@@ -270,7 +270,7 @@ def test_eval_of_the_lora_run_on_unseen_data_from_another_directory(toy_run, tmp
         adapter_config.write_text(original)
 
     fresh_ids = {d["id"] for d in FRESH_CORPUS}
-    env = dataclasses.asdict(toy_run.cfg.ppo.env_config())
+    env = dataclasses.asdict(toy_run.cfg.environment.env_config())
     for name, (data, trajs) in results.items():
         assert data["n"] == len(FRESH_QUESTIONS) and data["data"] == str(fresh / "test.jsonl"), name
         assert data["index"] == str(fresh / "index")
@@ -412,7 +412,7 @@ def test_gpu_configs_for_qwen_load_and_agree():
     demo = load_config(RealDemoConfig, ROOT / "configs" / "real" / "demo_real_qwen2.5-3b.yaml")
     check_real_config(demo)  # what run_real_demo refuses before any slow step
     assert demo.kind == "real" and demo.model_dir and demo.out_dir == "runs/demo-real-qwen2.5-3b"
-    assert demo.ppo.rollout_backend == "vllm" and not demo.ppo.use_cpu and demo.ppo.protocol == "chat"
+    assert demo.ppo.rollout_backend == "vllm" and not demo.ppo.use_cpu and demo.environment.protocol == "chat"
     assert demo.finetune == "lora" and demo.ppo.value_mode == "shared_backbone"
     # Uncapped: every question of every split (caps above the slices' sizes).
     task = build_realqa(
@@ -426,7 +426,7 @@ def test_gpu_configs_for_qwen_load_and_agree():
         for source in ("hotpotqa", "squad"):
             assert caps[source] >= sum(r["source"] == source for r in task.splits[split]), (split, source)
     n_train = len(task.splits["train"])
-    steps = demo.ppo.finalize(num_train_rows=n_train)
+    steps = demo.ppo_config().finalize(num_train_rows=n_train)
     assert steps.batch_size == 64 and 50 <= steps.num_total_batches <= 200
     # The PPO config reads what the Qwen demo writes (its data, index and SFT policy) with the same episode.
     ppo = load_config(PPOConfig, ROOT / "configs" / "real" / "qwen2.5-3b_ppo.yaml")
@@ -436,7 +436,7 @@ def test_gpu_configs_for_qwen_load_and_agree():
         and Path(ppo.dev_file) == out / "data" / "dev.jsonl"
     )
     assert Path(ppo.index_dir) == out / "index" and Path(ppo.policy_model_path) == out / "sft" / "policy"
-    assert ppo.env_config() == demo.ppo.env_config()
+    assert ppo.env_config() == demo.environment.env_config()
     full = ppo.finalize(num_train_rows=n_train)
     assert full.batch_size == 64 and full.num_total_batches == steps.num_total_batches
     assert ppo.value_mode == "separate" and ppo.rollout_backend == "vllm"
