@@ -295,6 +295,11 @@ class Cadence:
     save_steps: int = 0
     num_sample_generations: int = 0
 
+    @classmethod
+    def of(cls, run: Any, max_steps: int) -> Cadence:
+        """The cadence a run config (a `RunSection`) sets, over `max_steps` steps."""
+        return cls(max_steps, run.logging_steps, run.eval_steps, run.save_steps, run.num_sample_generations)
+
     def is_last(self, step: int) -> bool:
         return step >= self.max_steps
 
