@@ -34,8 +34,9 @@ per-environment schema list so that its prompts carry no tool section either.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -49,13 +50,14 @@ from searchrl.env.environment import EnvConfig, SearchEnvironment
 from searchrl.evaluation.evaluate import evaluate_during_training, generation_config_from_ppo
 from searchrl.grpo.config import GRPORunConfig
 from searchrl.grpo.dataset import ROW_COLUMNS, prompt_dataset
-from searchrl.grpo.our_rollout import EngineRollout
+from searchrl.grpo.our_rollout import EngineRollout, EngineWeightSync
 from searchrl.grpo.reward import RubricReward
 from searchrl.grpo.run_dir import RunDirCallback, resume_state
 from searchrl.grpo.trl_loop import tool_env_factory
 from searchrl.models.forward_patches import remove_trainer_forward_patches, shares_storage
 from searchrl.rewards.combine import Rubric, default_rubric, load_rubric
-from searchrl.rollout.generator import GenerationConfig
+from searchrl.rollout.backends import RolloutBackend, check_backend, make_generator
+from searchrl.rollout.loop import GenerationConfig
 from searchrl.search.base import Backend
 
 try:  # TRL is a hard dependency; the import is here so the error names what to install
@@ -257,12 +259,15 @@ def build_grpo_trainer(
     rubric: Rubric | None = None,
     callbacks: list[Any] | None = None,
     resume: bool = False,
+    generator_factory: Callable[..., Any] | None = None,
 ) -> SearchGRPOTrainer:
     """A ready-to-train `SearchGRPOTrainer` for `cfg.mode`, with config.yaml and manifest.json written.
 
     The trainer carries `.run` (the `RunDir`), `.rubric_reward` and `.run_callback`. With `resume=True`
     and a complete checkpoint in `cfg.output_dir`, `trainer.train()` continues from the newest one
     (`resume_state`); without a checkpoint the run starts fresh, as `searchrl train --resume` does.
+    `generator_factory(model, tokenizer, generation_config)` starts `our_rollout`'s engine (PPOTrainer's
+    argument); None: `make_generator` with the config's `rollout_backend`, checked here first.
     """
     if tokenizer.pad_token_id is None or tokenizer.pad_token_id == tokenizer.eos_token_id:
         raise ValueError("the tokenizer needs a pad token distinct from EOS (Qwen2.5: <|endoftext|>)")
@@ -278,6 +283,12 @@ def build_grpo_trainer(
         return SearchEnvironment(backend, env_config, tokenizer=tokenizer)
 
     reward = RubricReward(rubric, tokenizer)
+    rollout = None
+    if cfg.mode == "our_rollout":
+        if generator_factory is None:
+            check_backend(RolloutBackend.of(cfg))  # before TRL loads anything: vllm, CUDA, use_cpu
+            generator_factory = partial(make_generator, backend=RolloutBackend.of(cfg))
+        rollout = EngineRollout(tokenizer, search_env, generation_config_for(cfg), generator_factory)
     evaluate = None
     if eval_rows and (cfg.eval_steps or cfg.eval_on_start):
         dev_rows = [
@@ -286,7 +297,9 @@ def build_grpo_trainer(
         eval_config = generation_config_for(cfg, temperature=cfg.eval_temperature)
 
         def evaluate(model: Any) -> dict[str, float]:
-            # The dev loop every trainer shares, with our engine in both modes, at eval_temperature.
+            # The dev loop every trainer shares, with our engine in both modes, at eval_temperature; the run's
+            # own vLLM engine (its weights synced after every step) when rollout_backend is vllm, as PPO's.
+            engine = rollout.engine(model) if rollout is not None and cfg.rollout_backend == "vllm" else None
             return evaluate_during_training(
                 model,
                 tokenizer,
@@ -296,24 +309,29 @@ def build_grpo_trainer(
                 rubric=rubric,
                 batch_size=cfg.eval_batch_size,
                 seed=eval_config.seed,
+                generator=engine,
             )
 
     run_callback = RunDirCallback(cfg, run, reward, evaluate)
+    run_callback.rollout = rollout
     mode_kwargs: dict[str, Any]
-    if cfg.mode == "trl_loop":
+    own_callbacks: list[Any] = [run_callback]
+    if rollout is None:
         mode_kwargs = {"environment_factory": tool_env_factory(backend, env_config, tokenizer)}
     else:
-        run_callback.rollout = EngineRollout(tokenizer, search_env, generation_config_for(cfg))
-        mode_kwargs = {"rollout_func": run_callback.rollout}
+        mode_kwargs = {"rollout_func": rollout}
+        own_callbacks.append(EngineWeightSync(rollout))  # vLLM: the new weights after every optimizer step
     trainer = SearchGRPOTrainer(
         model=model,
         reward_funcs=[reward],
         args=cfg.to_trl_args(cuda_available=torch.cuda.is_available()),
         train_dataset=prompt_dataset(train_rows, backend, env_config),
         processing_class=tokenizer,
-        callbacks=[run_callback, *(callbacks or [])],
+        callbacks=[*own_callbacks, *(callbacks or [])],
         **mode_kwargs,
     )
+    if rollout is not None and cfg.rollout_backend == "vllm" and trainer.is_deepspeed_enabled:
+        check_backend(RolloutBackend.of(cfg, uses_deepspeed=True))  # refused, saying why
     _check_reference_matches_policy(trainer, model)
     if cfg.mode == "trl_loop" and not cfg.tool_schema_in_prompt:
         hide_tool_schemas(trainer)

@@ -41,6 +41,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -78,7 +79,7 @@ from searchrl.ppo.modeling import (
 )
 from searchrl.ppo.optim import clip_and_step, optimizer_and_scheduler
 from searchrl.rewards.qa import answered_right
-from searchrl.rollout.generator import HFGenerator
+from searchrl.rollout.backends import RolloutBackend, make_generator, sync_engine_weights
 from searchrl.rollout.stats import scored_episode_stats
 
 __all__ = ["PPOTrainer", "collate_trajectories", "trim_to_length"]
@@ -176,12 +177,11 @@ class PPOTrainer:
 
         # --- rollout engine ----------------------------------------------------------------------------
         self.generation_config = generation_config_from_ppo(args)  # the one mapping eval and GRPO use too
-        if generator_factory is None and args.rollout_backend == "vllm":
-            # vLLM rollouts (GPU): checks vllm/CUDA first and raises ConfigError saying how to fix it.
-            from searchrl.rollout.vllm_generator import vllm_generator_factory
-
-            generator_factory = vllm_generator_factory(args, uses_deepspeed=self.uses_deepspeed)
-        self.generator = (generator_factory or HFGenerator)(self.policy, tok, self.generation_config)
+        if (
+            generator_factory is None
+        ):  # `rollout_backend`: HF, or vLLM (checked first: ConfigError saying how to fix)
+            generator_factory = partial(make_generator, backend=RolloutBackend.of(args, self.uses_deepspeed))
+        self.generator = generator_factory(self.policy, tok, self.generation_config)
         # The stop token the rollout ends a turn on (TRL 1.12's `stop_token_id`): the missing-EOS
         # penalty checks for it, not for whatever `eos_token_id` a model config might carry.
         self.stop_token_ids = {int(getattr(self.generator, "eos_id", tok.eos_token_id))}
@@ -333,9 +333,7 @@ class PPOTrainer:
 
         # 6. optimise: the clipped surrogate and the clipped value loss (Schulman et al. 2017).
         train_stats = self._optimise(batch, old_logprobs, old_values * action_mask, advantages, returns)
-        sync_weights = getattr(self.generator, "sync_weights", None)
-        if sync_weights is not None:  # an engine with its own copy of the weights (vLLM): push the update
-            sync_weights(self.policy)
+        sync_engine_weights(self.generator, self.policy)  # an engine with its own copy of the weights (vLLM)
 
         # 7. control: the KL controller sees the batch mean of per-trajectory summed KL (TRL's unit), over
         # all ranks, and counts the global batch, so every rank holds the same coefficient.
