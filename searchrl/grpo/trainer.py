@@ -8,7 +8,9 @@ trainer to our pieces rather than writing another GRPO. Two modes:
   and each rollout rebuilt as a `Trajectory`); TRL re-prefills the history every tool turn and runs calls
   row by row.
 - ``our_rollout``: our batched engine as TRL's `rollout_func` (`grpo/our_rollout.py`): one batched search
-  per turn, one KV cache, no re-prefill.
+  per turn, one KV cache, no re-prefill; HF or vLLM (`rollout_backend`, PPO's factory
+  `searchrl.rollout.backends.make_generator`), vLLM's weights synced at every optimizer step. ``trl_loop``
+  refuses vLLM (TRL generates there with its own engine).
 
 Either way `RubricReward` (`grpo/reward.py`) scores a real `Trajectory` with our `Rubric` and logs PPO's
 metrics through TRL, and `RunDirCallback` (`grpo/run_dir.py`) writes the run directory the PPO trainer
@@ -43,9 +45,11 @@ from typing import Any
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func/environment_factory warnings
 
 import torch
+from transformers.trainer_utils import TrainOutput
 
 from searchrl.common.config import ConfigError, save_config
 from searchrl.common.run import RunDir, build_manifest
+from searchrl.data.datasets import load_qa
 from searchrl.env.environment import EnvConfig, SearchEnvironment
 from searchrl.evaluation.evaluate import evaluate_during_training, generation_config_from_ppo
 from searchrl.grpo.config import GRPORunConfig
@@ -55,6 +59,7 @@ from searchrl.grpo.reward import RubricReward
 from searchrl.grpo.run_dir import RunDirCallback, resume_state
 from searchrl.grpo.trl_loop import tool_env_factory
 from searchrl.models.forward_patches import remove_trainer_forward_patches, shares_storage
+from searchrl.models.tiny import load_policy, load_tokenizer
 from searchrl.rewards.combine import Rubric, default_rubric, load_rubric
 from searchrl.rollout.backends import RolloutBackend, check_backend, make_generator
 from searchrl.rollout.loop import GenerationConfig
@@ -127,8 +132,6 @@ class SearchGRPOTrainer(GRPOTrainer):
             if done >= self.args.max_steps:
                 # Already at its budget. transformers would still run one step past max_steps when resumed
                 # there (it checks the budget after a step), so there is nothing to call.
-                from transformers.trainer_utils import TrainOutput
-
                 return TrainOutput(done, 0.0, {})
             # TRL counts micro-steps (`_step`) to decide when to generate and which buffered slice to train
             # on; transformers' resume restores the global step but TRL's counter starts at 0 and has no
@@ -377,9 +380,6 @@ def run_grpo(cfg: GRPORunConfig, resume: bool = False) -> Path:
     `resume_from_checkpoint` for optimizer, scheduler, RNG and data position; our episode count, rollout
     seeds, clocks and run-directory history), or starts fresh when it has none.
     """
-    from searchrl.data.datasets import load_qa
-    from searchrl.models.tiny import load_policy, load_tokenizer
-
     if not cfg.policy_model_path:
         raise ConfigError(
             "policy_model_path: set it to the starting policy's directory (e.g. the SFT output)"

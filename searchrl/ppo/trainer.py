@@ -177,9 +177,8 @@ class PPOTrainer:
 
         # --- rollout engine ----------------------------------------------------------------------------
         self.generation_config = generation_config_from_ppo(args)  # the one mapping eval and GRPO use too
-        if (
-            generator_factory is None
-        ):  # `rollout_backend`: HF, or vLLM (checked first: ConfigError saying how to fix)
+        # `rollout_backend`: HF, or vLLM (checked first: a ConfigError saying how to fix it).
+        if generator_factory is None:
             generator_factory = partial(make_generator, backend=RolloutBackend.of(args, self.uses_deepspeed))
         self.generator = generator_factory(self.policy, tok, self.generation_config)
         # The stop token the rollout ends a turn on (TRL 1.12's `stop_token_id`): the missing-EOS
