@@ -9,7 +9,9 @@ What: seven dataclasses, one per concern.
 - `SearchSection`: where the search engine is (a local index, built from a corpus when missing, or a server);
 - `EnvironmentSection`: the episode (protocol, prompt, citations, turns, searches, top-k, deadline, token
   budgets), mapped onto the environment's `EnvConfig` by `env_config()`, its one mapping;
-- `GenerationSection`: sampling (training and evaluation temperatures, nucleus and top-k);
+- `GenerationSection`: sampling (training and evaluation temperatures, nucleus and top-k) and the rollout
+  engine (`rollout_backend`: HF or vLLM, and vLLM's memory share and prefix caching), which PPO and GRPO's
+  `our_rollout` build with `searchrl.rollout.backends.make_generator`;
 - `TrainingSection`: the batch, the episode budget and the optimiser.
 
 `topk` and `search_timeout_s` are environment settings, not search ones: the environment applies them (its
@@ -50,6 +52,7 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 SEARCH_BACKENDS = ("bm25", "dense", "http")
+ROLLOUT_BACKENDS = ("hf", "vllm")
 LR_SCHEDULER_TYPES = (
     "linear",
     "cosine",
@@ -441,7 +444,7 @@ class EnvironmentSection(Section):
 
 @dataclass
 class GenerationSection(Section):
-    """How the policy samples: in training rollouts and in evaluations."""
+    """How the policy samples, in training rollouts and in evaluations, and which engine samples."""
 
     temperature: float = field(
         default=0.7,
@@ -462,6 +465,29 @@ class GenerationSection(Section):
     top_k: int = field(
         default=0, metadata=_help("Top-k sampling; 0 disables it (recommended, as for top_p).")
     )
+    rollout_backend: Literal["hf", "vllm"] = field(
+        default="hf",
+        metadata=_help(
+            'Rollout engine: "hf" (searchrl.rollout.HFGenerator, CPU or GPU) or "vllm" '
+            "(searchrl.rollout.vllm_generator.VLLMGenerator: needs the vllm package and a CUDA GPU; same "
+            "trajectories, the policy's weights pushed to vLLM after every optimizer step). PPO and GRPO's "
+            "our_rollout mode; GRPO's trl_loop refuses \"vllm\" (TRL's own use_vllm is another engine)."
+        ),
+    )
+    vllm_gpu_memory_utilization: float = field(
+        default=0.3,
+        metadata=_help(
+            'rollout_backend "vllm": share of the GPU memory vLLM may take (weights and KV cache), in (0, 1]; '
+            "training shares the same GPU, so keep room for the policy, critic, reference and optimizer."
+        ),
+    )
+    vllm_enable_prefix_caching: bool = field(
+        default=True,
+        metadata=_help(
+            'rollout_backend "vllm": reuse cached KV blocks of the growing history, so each turn (which '
+            "re-submits prompt + history) does not prefill it again. Turn off only to measure its effect."
+        ),
+    )
 
     def check(self) -> None:
         require(self.temperature > 0, "temperature", self.temperature, "must be > 0 (rollouts sample)")
@@ -470,6 +496,19 @@ class GenerationSection(Section):
         )
         require(0 < self.top_p <= 1, "top_p", self.top_p, "must be in (0, 1]; 1.0 disables nucleus sampling")
         require(self.top_k >= 0, "top_k", self.top_k, "must be >= 0; 0 disables top-k")
+        require_choice(self.rollout_backend, "rollout_backend", ROLLOUT_BACKENDS)
+        require(
+            0.0 < self.vllm_gpu_memory_utilization <= 1.0,
+            "vllm_gpu_memory_utilization",
+            self.vllm_gpu_memory_utilization,
+            "must be in (0, 1] (a share of the GPU's memory)",
+        )
+        # `use_cpu` is the run section's: a trainer config holds both, a demo's generation part only this one.
+        if self.rollout_backend == "vllm" and getattr(self, "use_cpu", False):
+            raise ConfigError(
+                'rollout_backend="vllm" runs on a CUDA GPU, but use_cpu is true; set use_cpu: false, or '
+                'rollout_backend: "hf" to stay on the CPU.'
+            )
 
 
 @dataclass

@@ -412,7 +412,11 @@ def test_gpu_configs_for_qwen_load_and_agree():
     demo = load_config(RealDemoConfig, ROOT / "configs" / "real" / "demo_real_qwen2.5-3b.yaml")
     check_real_config(demo)  # what run_real_demo refuses before any slow step
     assert demo.kind == "real" and demo.model_dir and demo.out_dir == "runs/demo-real-qwen2.5-3b"
-    assert demo.ppo.rollout_backend == "vllm" and not demo.ppo.use_cpu and demo.environment.protocol == "chat"
+    assert (
+        demo.generation.rollout_backend == "vllm"
+        and not demo.ppo.use_cpu
+        and demo.environment.protocol == "chat"
+    )
     assert demo.finetune == "lora" and demo.ppo.value_mode == "shared_backbone"
     # Uncapped: every question of every split (caps above the slices' sizes).
     task = build_realqa(

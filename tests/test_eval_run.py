@@ -243,6 +243,58 @@ def test_cli_eval_of_the_initial_policy_a_run_started_from(world, tmp_path):
     assert data["checkpoint"] == "initial" and data["step"] == 0 and data["model"] == str(start)
 
 
+def test_eval_initial_of_a_run_trained_with_a_relative_policy_path_works_from_any_directory(
+    world, tmp_path, monkeypatch
+):
+    """`searchrl train` records policy_model_path as given (relative to where training ran); `eval --checkpoint
+    initial` finds it from elsewhere through the folders above the run, and says what to do when it is gone."""
+    project, elsewhere = tmp_path / "project", tmp_path / "elsewhere"
+    start = project / "start" / "policy"
+    build_policy(world["tok"], TINY).save_pretrained(start)
+    world["tok"].save_pretrained(start)
+    elsewhere.mkdir()
+    data = Path(world["config"].dev_file).parent
+    values = {
+        "policy_model_path": "start/policy",  # relative, as configs/ppo_tiny.yaml records its warm start
+        "output_dir": "runs/tiny",
+        "train_file": data / "train.jsonl",
+        "dev_file": data / "dev.jsonl",
+        "index_dir": world["root"] / "index",
+        "reward_config_path": Path(__file__).resolve().parents[1] / "configs" / "rewards_default.yaml",
+        "per_device_train_batch_size": 2,
+        "gradient_accumulation_steps": 1,
+        "total_episodes": 2,
+        "num_ppo_epochs": 1,
+        "num_mini_batches": 1,
+        "max_new_tokens_per_turn": 8,
+        "max_episode_tokens": 600,
+        "eval_on_start": "false",
+        "eval_steps": 0,
+        "collapse_guard": "false",
+        "save_trajectories": "false",
+        "progress_bar": "false",
+    }
+    sets = [arg for k, v in values.items() for arg in ("--set", f"{k}={v}")]
+    monkeypatch.chdir(project)
+    config = Path(__file__).resolve().parents[1] / "configs" / "ppo_tiny.yaml"
+    trained = CliRunner().invoke(app, ["train", "--config", str(config), *sets])
+    assert trained.exit_code == 0, trained.output
+    run = project / "runs" / "tiny"
+    assert "policy_model_path: start/policy" in (run / "config.yaml").read_text()
+
+    monkeypatch.chdir(elsewhere)  # "start/policy" names nothing here
+    args = ("--run", str(run), "--checkpoint", "initial", "--limit", "2", "--bootstrap", "20")
+    ok = _invoke(*args)
+    assert ok.exit_code == 0, ok.output
+    evaluated = json.loads((run / "eval" / "test-initial.json").read_text())
+    assert evaluated["checkpoint"] == "initial" and Path(evaluated["model"]) == start.resolve()
+
+    start.rename(project / "start" / "moved")
+    gone = _invoke(*args)
+    assert gone.exit_code != 0
+    assert "policy_model_path 'start/policy'" in gone.output and "--model DIR" in gone.output
+
+
 def test_a_checkpoint_on_questions_and_a_corpus_the_run_never_saw(world, tmp_path):
     unseen = unseen_world(tmp_path)
     run = world["run"]

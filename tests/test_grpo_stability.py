@@ -12,7 +12,8 @@ from test_grpo_trainer import base_config, make_world, read_metrics
 
 from searchrl.common.run import RunReader
 from searchrl.common.trajectory import Trajectory
-from searchrl.grpo.trainer import RubricReward, build_grpo_trainer
+from searchrl.grpo.reward import RubricReward
+from searchrl.grpo.trainer import build_grpo_trainer
 from searchrl.models.tiny import load_policy
 
 

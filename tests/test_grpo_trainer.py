@@ -23,13 +23,8 @@ from searchrl.common.io import write_jsonl
 from searchrl.env.environment import EnvConfig, SearchEnvironment
 from searchrl.env.protocol import format_answer, format_tool_call
 from searchrl.grpo.config import GRPORunConfig
-from searchrl.grpo.trainer import (
-    build_grpo_trainer,
-    env_config_for,
-    spans_from_mask,
-    tool_env_factory,
-    unexecuted_call_records,
-)
+from searchrl.grpo.trainer import build_grpo_trainer, env_config_for
+from searchrl.grpo.trl_loop import spans_from_mask, tool_env_factory, unexecuted_call_records
 from searchrl.models.forward_patches import shares_storage
 from searchrl.models.tiny import (
     TinyModelConfig,

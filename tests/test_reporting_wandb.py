@@ -164,7 +164,7 @@ def test_grpo_metrics_reach_wandb_offline_at_their_steps(tmp_path, offline_wandb
     assert sorted(by_step) == [h["train/global_step"] for h in steps] == [1, 2]
     # Written by our run-directory callback, not logged by TRL: the step, the episode count, and PPO's names for
     # what TRL logs under its own (TRL's `entropy` is also `objective/entropy_per_token` in metrics.jsonl).
-    from searchrl.grpo.trainer import TRL_TO_PPO_NAMES
+    from searchrl.grpo.run_dir import TRL_TO_PPO_NAMES
 
     ours = ("step", "episode", *TRL_TO_PPO_NAMES.values())
     for row in rows:

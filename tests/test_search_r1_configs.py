@@ -74,6 +74,7 @@ def test_grpo_recipe_has_search_r1_settings(name):
     )
     assert (cfg.num_generations, cfg.beta, cfg.epsilon, cfg.learning_rate) == (5, 0.001, 0.2, 1e-6)
     assert (cfg.scale_rewards, cfg.temperature, cfg.num_steps) == ("group", 1.0, 2010)
+    assert (cfg.rollout_backend, cfg.use_cpu) == ("vllm", False)  # Search-R1's engine, in our_rollout
     # 8 processes: 1,280 completions = 256 questions x 5 per optimizer step, two steps per Search-R1 step.
     assert cfg.episodes_per_step * 8 == 256 * 5
     assert cfg.env_config().topk == 3 and cfg.env_config().protocol == "search_r1"
@@ -183,6 +184,7 @@ def test_grpo_recipe_runs_one_step_at_toy_size(toy, name):
 
     overrides = toy_overrides(toy, name)
     overrides |= {
+        "rollout_backend": "hf",
         "per_device_train_batch_size": 5,  # one question's group of num_generations=5
         "gradient_accumulation_steps": 1,
         "max_steps": 1,

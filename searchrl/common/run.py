@@ -143,6 +143,16 @@ def config_class_at(path: str, where: Path | str) -> type:
     return cls
 
 
+def recorded_path_candidates(path: str | Path, near: str | Path) -> list[Path]:
+    """Where a path a run recorded may be on this machine, in order: the path itself when absolute; else
+    against the working directory, then against each folder above `near` (the file or folder that recorded
+    it: a relative path was written from wherever the run was started, often a folder above the run)."""
+    given = Path(path).expanduser()
+    if given.is_absolute():
+        return [given]
+    return [Path.cwd() / given, *(folder / given for folder in Path(near).resolve().parents)]
+
+
 def step_of_name(name: str) -> int:
     """`step-12.json` / `step-000012.jsonl.gz` / `step-12` -> 12; -1 for anything else."""
     digits = name.removeprefix("step-").split(".")[0]
@@ -294,6 +304,11 @@ class Cadence:
     eval_steps: int = 0
     save_steps: int = 0
     num_sample_generations: int = 0
+
+    @classmethod
+    def of(cls, run: Any, max_steps: int) -> Cadence:
+        """The cadence a run config (a `RunSection`) sets, over `max_steps` steps."""
+        return cls(max_steps, run.logging_steps, run.eval_steps, run.save_steps, run.num_sample_generations)
 
     def is_last(self, step: int) -> bool:
         return step >= self.max_steps
@@ -770,14 +785,34 @@ class RunReader:
             )
         return folder / "policy", name
 
-    def initial_policy(self) -> Path | None:
-        """The policy the run started from: the config's `policy_model_path`, else the demo's `sft/policy`."""
+    def recorded_initial_policy(self) -> Path | None:
+        """The policy the run started from, as recorded: the config's `policy_model_path` (relative to wherever
+        training ran, when it was given so), else the demo's `sft/policy`; None when the run names none."""
         path = self.raw_config.get("policy_model_path")
         if path:
             return Path(path)
         if self.demo_root is not None and (self.demo_root / "sft" / "policy").is_dir():
             return self.demo_root / "sft" / "policy"
         return None
+
+    def initial_policy(self) -> Path | None:
+        """`recorded_initial_policy` on this machine, from any working directory: as recorded (absolute, or
+        from the working directory), else against each folder above the run (`recorded_path_candidates`);
+        the first model folder (`config.json`) wins. None when the run names none; FileNotFoundError naming
+        the recorded path, what was tried and how to fix it when none of those is a model folder."""
+        recorded = self.recorded_initial_policy()
+        if recorded is None:
+            return None
+        near = self.root / "config.yaml" if self.root is not None else self.target
+        tried = recorded_path_candidates(recorded, near)
+        found = next((path for path in tried if (path / "config.json").is_file()), None)
+        if found is not None:
+            return found
+        raise FileNotFoundError(
+            f"{near}: the run started from policy_model_path {str(recorded)!r}, which is not a model folder here "
+            f"(tried {', '.join(str(p) for p in tried[:6])}). Run from the directory the run was trained in, put "
+            "the starting policy back at that path, or pass it with --model DIR"
+        )
 
     def tokenizer_dir(self) -> Path | None:
         """Where the run's tokenizer lives: the newest checkpoint's `policy/` (complete ones first), the

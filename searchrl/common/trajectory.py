@@ -10,6 +10,7 @@ probability of token `i` under the sampling distribution at the moment it was sa
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -99,6 +100,19 @@ class Trajectory:
             if self.action_mask[i]:
                 return i
         return -1
+
+    def ends_with_stop(self, stop_token_ids: Collection[int], stop_strings: Sequence[str] = ()) -> bool:
+        """Did the policy end its last turn itself: its last sampled token one of `stop_token_ids`, or its last
+        action ending with one of the protocol's `stop_strings`? False for an episode cut by a token budget,
+        whatever its last token (the stop token was never sampled as an ending); TRL's "contains EOS"."""
+        last = self.last_action_index
+        if last < 0 or self.termination == "token_budget":
+            return False
+        if self.input_ids[last] in stop_token_ids:
+            return True
+        actions = self.action_texts
+        tail = actions[-1].rstrip() if actions else ""
+        return any(tail.endswith(stop) for stop in stop_strings)
 
     def validate(self) -> None:
         """Raise ValueError if the token-level arrays disagree."""

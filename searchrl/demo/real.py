@@ -850,7 +850,7 @@ def run_real_demo(cfg: RealDemoConfig) -> dict[str, Any]:
             peft_config=cfg.lora.peft_config() if cfg.finetune == "lora" else None,
             # rollout_backend vllm: PPOTrainer builds its vLLM generator (no forcing is needed in training).
             generator_factory=None
-            if cfg.ppo.rollout_backend == "vllm"
+            if cfg.generation.rollout_backend == "vllm"
             else real_generator_factory(cfg.bf16_rollouts),
         )
         trainer.train()

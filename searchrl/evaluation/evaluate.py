@@ -757,7 +757,8 @@ def load_policy_for_eval(reader: Any, config: Any, model_dir: Path) -> tuple[Any
             f"{model_dir}: no tokenizer files here and the run config names no tokenizer_path"
         )
     if is_adapter_dir(model_dir):
-        start = reader.initial_policy() if reader is not None else None
+        # The starting policy as recorded: `adapter_base_dir` resolves it near the adapter itself.
+        start = reader.recorded_initial_policy() if reader is not None else None
         return load_adapter_policy(model_dir, adapter_base_dir(model_dir, [start])), load_tokenizer(tok_dir)
     return load_policy(model_dir), load_tokenizer(tok_dir)
 

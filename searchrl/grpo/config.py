@@ -8,7 +8,8 @@ trainers cannot drift apart; what only GRPO has follows TRL's `GRPOConfig` (`num
 `epsilon`, `loss_type`, `scale_rewards`, ...). `to_trl_args()` maps the run onto TRL 1.16's `GRPOConfig`
 with the CPU caveats of `reference/trl.md` §6 applied (`bf16=False`, `use_cpu` on a CPU box,
 `gradient_checkpointing=False`, TRL's own checkpointing and evaluation off: ours write the run directory);
-`report_to` and `run_name` go through to TRL's loggers.
+`report_to` and `run_name` go through to TRL's loggers. `rollout_backend` (the generation section's) picks
+`our_rollout`'s engine; `trl_loop` refuses "vllm": TRL generates there with its own engine.
 
 Batch arithmetic is TRL's: one optimizer step consumes `per_device_train_batch_size *
 gradient_accumulation_steps` completions (episodes), i.e. that many divided by `num_generations`
@@ -114,6 +115,13 @@ class GRPORunConfig(
             value = getattr(self, name)
             if not math.isfinite(value) or value < 0:
                 raise ConfigError(f"{name}: must be a finite number >= 0, got {value}")
+        if self.mode == "trl_loop" and self.rollout_backend == "vllm":
+            raise ConfigError(
+                'rollout_backend: "vllm" needs mode: our_rollout. In trl_loop TRL generates with its own engine: '
+                "TRL's use_vllm (its VLLMGeneration) is another engine than searchrl's VLLMGenerator, and searchrl "
+                "does not turn it on (untested with our environment_factory). Use mode: our_rollout for vLLM "
+                'rollouts, or rollout_backend: "hf" for TRL\'s loop.'
+            )
         if self.mode == "trl_loop" and self.protocol != "chat":
             raise ConfigError(
                 f"protocol: {self.protocol!r} needs mode: our_rollout; TRL's tool loop (trl_loop) parses only "

@@ -21,7 +21,9 @@ from typing import Any
 import torch
 
 from searchrl.common.config import ConfigError
+from searchrl.common.run import RunDir
 from searchrl.grpo.config import GRPO_MODES, GRPORunConfig
+from searchrl.models.tiny import load_policy
 from searchrl.ppo.config import PPOConfig
 from searchrl.rewards.combine import Rubric
 from searchrl.search.base import Backend
@@ -73,8 +75,7 @@ def train_grpo_from_warm_start(
         **(overrides or {}),
     }
     cfg = with_sections_of(GRPORunConfig, ppo_config, **values)
-    from searchrl.grpo.trainer import build_grpo_trainer
-    from searchrl.models.tiny import load_policy
+    from searchrl.grpo.trainer import build_grpo_trainer  # deferred: it imports TRL
 
     torch.manual_seed(cfg.seed)
     policy = load_policy(policy_dir).train()
@@ -95,6 +96,4 @@ def train_grpo_from_warm_start(
 
 def final_policy_dir(run_dir: str | Path) -> Path:
     """The policy of a GRPO run's latest checkpoint (what `train_grpo_from_warm_start` trained last)."""
-    from searchrl.common.run import RunDir
-
     return RunDir(run_dir).latest_checkpoint() / "policy"

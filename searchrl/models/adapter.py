@@ -23,6 +23,8 @@ from typing import Any
 
 import torch
 
+from searchrl.common.run import recorded_path_candidates
+
 ADAPTER_CONFIG = "adapter_config.json"
 
 
@@ -38,19 +40,11 @@ def recorded_base(adapter_dir: str | Path) -> str | None:
     return str(value) if value else None
 
 
-def _candidates(path: str | Path, adapter_dir: Path) -> list[Path]:
-    """Where a recorded `path` may be: itself if absolute, else against the cwd and each folder above the adapter."""
-    given = Path(path).expanduser()
-    if given.is_absolute():
-        return [given]
-    return [Path.cwd() / given, *(folder / given for folder in adapter_dir.resolve().parents)]
-
-
 def adapter_base_dir(adapter_dir: str | Path, fallbacks: Iterable[str | Path | None] = ()) -> Path:
     """The local model folder the adapter in `adapter_dir` was trained on.
 
     Tries the adapter's `base_model_name_or_path`, then each of `fallbacks` (e.g. the run's starting policy),
-    each resolved as `_candidates` says; the first folder with a `config.json` wins. FileNotFoundError
+    each resolved as `searchrl.common.run.recorded_path_candidates` says (the run layer's rule); the first folder with a `config.json` wins. FileNotFoundError
     names what was recorded and tried when none is found.
     """
     adapter_dir = Path(adapter_dir)
@@ -59,7 +53,7 @@ def adapter_base_dir(adapter_dir: str | Path, fallbacks: Iterable[str | Path | N
     for path in recorded:
         if not path:
             continue
-        for candidate in _candidates(path, adapter_dir):
+        for candidate in recorded_path_candidates(path, adapter_dir):
             if (candidate / "config.json").is_file():
                 return candidate
             tried.append(str(candidate))

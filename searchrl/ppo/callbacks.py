@@ -4,15 +4,19 @@ PPOTrainer is not a `transformers.Trainer`, yet users pass the same callbacks (a
 [tensorboard, wandb, trackio]`) as to TRL's trainers. `TrainerCallbacks` builds the `TrainingArguments`,
 `TrainerState` and `TrainerControl` those callbacks read, and fires the events PPO has: `on_train_begin`,
 `on_log`, `on_evaluate`, `on_save`, `on_step_end`, `on_train_end`. Integrations report from the main
-process only, as in transformers.
+process only, as in transformers. `progress_bar` is the console's view of the same steps (transformers'
+`ProgressCallback` role): a rich bar on the main process, off with `progress_bar: false`.
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 
 class TrainerCallbacks:
@@ -51,3 +55,17 @@ class TrainerCallbacks:
             self.state.log_history.append(logs)
             kwargs = {"logs": logs}
         self.control = getattr(self.handler, event)(self.hf_args, self.state, self.control, **kwargs)
+
+
+@contextlib.contextmanager
+def progress_bar(total: int, completed: int, enabled: bool) -> Iterator[Any]:
+    """`update(step, info)` moves a "PPO" bar of `total` steps to `step` with `info` beside it."""
+    columns = (TextColumn("[bold]PPO"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+               TextColumn("{task.fields[info]}"))  # fmt: skip
+    with Progress(*columns, disable=not enabled) as progress:
+        task = progress.add_task("ppo", total=total, completed=completed, info="")
+
+        def update(step: int, info: str) -> None:
+            progress.update(task, completed=step, info=info)
+
+        yield update

@@ -11,9 +11,9 @@ gradient clip that is really applied, a separate value learning rate, rollout li
 tool use, and the collapse guard.
 
 How it is put together: the settings every trainer shares (run directory and cadence, model, data, search,
-environment, sampling, batch and optimiser) are the sections of `searchrl.sections`, declared and checked
+environment, sampling and the rollout engine, batch and optimiser) are the sections of `searchrl.sections`, declared and checked
 there once; `PPOSection` adds what only PPO has (the critic and reference, KL, clipping, GAE, mini-batches,
-the collapse guard, the rollout engine) and `PPOConfig` is the flat union TRL users know (`args.max_turns`,
+the collapse guard) and `PPOConfig` is the flat union TRL users know (`args.max_turns`,
 `PPOConfig(kl_coef=0.1, max_turns=3)`, flat YAML). The demos keep `PPOSection` as their `ppo:` part, beside
 their `environment:` and `generation:` parts, and build the stage's `PPOConfig` with
 `searchrl.sections.with_sections_of`.
@@ -34,7 +34,6 @@ import math
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal, Self
 
-from searchrl.common.config import ConfigError
 from searchrl.ppo.kl import KL_ESTIMATORS
 from searchrl.sections import (
     DataSection,
@@ -50,7 +49,6 @@ from searchrl.sections import (
 
 VALUE_MODES = ("separate", "shared_backbone")
 MIXED_PRECISION_MODES = ("no", "bf16", "fp16")
-ROLLOUT_BACKENDS = ("hf", "vllm")
 
 
 def _help(text: str) -> dict[str, str]:
@@ -120,28 +118,6 @@ class PPOSection(RunSection, TrainingSection):
     local_rollout_forward_batch_size: int = field(
         default=64,
         metadata=_help("Chunk size of the no-grad forward passes (reference logprobs, values, scores)."),
-    )
-    rollout_backend: Literal["hf", "vllm"] = field(
-        default="hf",
-        metadata=_help(
-            'Rollout engine: "hf" (searchrl.rollout.HFGenerator, CPU or GPU) or "vllm" '
-            "(searchrl.rollout.vllm_generator.VLLMGenerator: needs the vllm package and a CUDA GPU; same "
-            "trajectories, weights pushed to vLLM after every update)."
-        ),
-    )
-    vllm_gpu_memory_utilization: float = field(
-        default=0.3,
-        metadata=_help(
-            'rollout_backend "vllm": share of the GPU memory vLLM may take (weights and KV cache), in (0, 1]; '
-            "training shares the same GPU, so keep room for the policy, critic, reference and optimizer."
-        ),
-    )
-    vllm_enable_prefix_caching: bool = field(
-        default=True,
-        metadata=_help(
-            'rollout_backend "vllm": reuse cached KV blocks of the growing history, so each turn (which '
-            "re-submits prompt + history) does not prefill it again. Turn off only to measure its effect."
-        ),
     )
 
     # --- batch arithmetic (TRL 1.12; the batch sizes are TrainingSection's) ---
@@ -291,7 +267,6 @@ class PPOSection(RunSection, TrainingSection):
         self._check_optimisation()
         self._check_counts()
         self._check_collapse_guard()
-        self._check_rollout_backend()
 
     # --- derived values ----------------------------------------------------------------------------
     @property
@@ -447,20 +422,6 @@ class PPOSection(RunSection, TrainingSection):
             value = getattr(self, name)
             require(isinstance(value, int) and value >= 1, name, value, "must be an integer >= 1")
         require(self.num_train_epochs > 0, "num_train_epochs", self.num_train_epochs, "must be > 0")
-
-    def _check_rollout_backend(self) -> None:
-        require_choice(self.rollout_backend, "rollout_backend", ROLLOUT_BACKENDS)
-        require(
-            0.0 < self.vllm_gpu_memory_utilization <= 1.0,
-            "vllm_gpu_memory_utilization",
-            self.vllm_gpu_memory_utilization,
-            "must be in (0, 1] (a share of the GPU's memory)",
-        )
-        if self.rollout_backend == "vllm" and self.use_cpu:
-            raise ConfigError(
-                'rollout_backend="vllm" runs on a CUDA GPU, but use_cpu is true; set use_cpu: false, or '
-                'rollout_backend: "hf" to stay on the CPU.'
-            )
 
 
 @dataclass

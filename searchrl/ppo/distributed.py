@@ -1,9 +1,16 @@
 """What PPO computes over all ranks under `accelerate launch --num_processes N`; identities on one process.
 
-Each rank rolls out its own slice of the global batch, so every statistic that must be global goes through
-here: token counts for the micro-batch weights (sums), the KL fed to the controller (means), the whitening
-of rewards and advantages (mean and unbiased variance over every rank's action tokens), the logged metrics
-(means over ranks, maxima for `*max*` keys) and the training clock (the main process's readings). The
+How PPO runs on several processes: an `accelerate.Accelerator` wraps the policy+critic module in DDP (or a
+DeepSpeed engine) and the optimizer; on one process it changes nothing. Each rank rolls out its own slice
+of the global batch (rank r takes rows r, r+N, ... of the step's rows) with its own sampling seed (TRL's
+`seed + rank * 100003`), gradients are averaged by DDP once per mini-batch (`no_sync` on the other
+micro-batches), and the main process logs and writes checkpoints, eval files and one trajectory file per
+step holding every rank's trajectories.
+
+So every statistic that must be global goes through here: token counts for the micro-batch weights (sums),
+the KL fed to the controller (means), the whitening of rewards and advantages (mean and unbiased variance
+over every rank's action tokens), the logged metrics (means over ranks, maxima for `*max*` keys), the
+training clock (the main process's readings) and the step's trajectories (gathered in rank order). The
 DeepSpeed set-up (batch fields, frozen models sharded for inference, weights gathered for generation) lives
 here too.
 """
@@ -11,6 +18,7 @@ here too.
 from __future__ import annotations
 
 import contextlib
+import random
 from typing import Any
 
 import numpy as np
@@ -21,13 +29,42 @@ from accelerate.utils import broadcast, gather_object
 from searchrl.ppo.advantages import WHITEN_EPS, masked_whiten
 
 
+def seed_process(seed: int, rank: int) -> None:
+    """Seed Python, NumPy and torch with `seed + rank * 100003` (TRL's per-rank seeds: ranks sample different
+    rollouts; DDP broadcasts rank 0's weights anyway)."""
+    seed = seed + rank * 100003
+    random.seed(seed)
+    np.random.seed(seed % (2**32))
+    torch.manual_seed(seed)
+
+
 class RankOps:
-    """Collectives over the ranks of one `Accelerator`."""
+    """Collectives over the ranks of one `Accelerator`, and what the trainer asks of its processes."""
 
     def __init__(self, accelerator: Accelerator):
         self.accelerator = accelerator
         self.world_size = accelerator.num_processes
+        self.rank = accelerator.process_index
+        self.is_main = accelerator.is_main_process
         self.device = accelerator.device
+        self.uses_deepspeed = getattr(accelerator.state, "deepspeed_plugin", None) is not None
+
+    def prepare(self, model: torch.nn.Module, optimizer: Any) -> tuple[torch.nn.Module, Any]:
+        """(module for the gradient passes, optimizer): DDP or a DeepSpeed engine over `model`'s parameters
+        when there are several processes or DeepSpeed, else `model` and `optimizer` themselves. `model` stays
+        the plain module for rollouts, no-grad passes and checkpoints. The scheduler is not prepared:
+        accelerate's wrapper would step it once per process."""
+        if self.world_size > 1 or self.uses_deepspeed:
+            return self.accelerator.prepare(model, optimizer)
+        return model, optimizer
+
+    def accumulating(self, wrapped_model: torch.nn.Module, last_micro_batch: bool) -> Any:
+        """Gradients are all-reduced once per mini-batch, on its last micro-batch only (`no_sync` before)."""
+        return contextlib.nullcontext() if last_micro_batch else self.accelerator.no_sync(wrapped_model)
+
+    def gather(self, items: list[Any]) -> list[Any]:
+        """Every rank's `items` in rank order (on every rank); `items` itself on one process."""
+        return gather_object(list(items)) if self.world_size > 1 else items
 
     def sum(self, value: torch.Tensor) -> torch.Tensor:
         """Sum of a scalar tensor over all ranks (the tensor itself on one process)."""

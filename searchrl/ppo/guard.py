@@ -1,7 +1,8 @@
 """The collapse guard: the most common complaint in search-agent RL is a run that collapses (entropy to zero,
 KL exploding, format broken, reward falling, NaN in the passes) unnoticed. `CollapseGuard` watches the mean
 of a window of steps' metrics and says why a bound was crossed; the trainer then rolls back to the last good
-checkpoint and lowers the learning rate (`roll_back_on_collapse`). Its state is checkpointed.
+checkpoint and lowers the learning rate (`roll_back_on_collapse`). Its state is checkpointed. `guard_step`
+is what the trainer calls after each step.
 """
 
 from __future__ import annotations
@@ -155,3 +156,14 @@ def roll_back_on_collapse(trainer: Any, metrics: dict[str, Any]) -> bool:
         "guard/reason": reason,
     })  # fmt: skip
     return True
+
+
+def guard_step(trainer: Any, metrics: dict[str, Any]) -> bool:
+    """After each step: under `collapse_guard`, roll back when the guard fires (`roll_back_on_collapse`); else
+    a checkpoint that waited for this step's check (`unverified_checkpoint`) becomes the rollback target.
+    True when the step was rolled back."""
+    rollback = trainer.args.collapse_guard and roll_back_on_collapse(trainer, metrics)
+    if not rollback and trainer.unverified_checkpoint is not None:
+        # This step's rollouts came from the unverified weights and passed the guard.
+        trainer.last_good_checkpoint, trainer.unverified_checkpoint = trainer.unverified_checkpoint, None
+    return bool(rollback)

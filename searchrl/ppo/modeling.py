@@ -7,7 +7,8 @@ reference (`frozen_copy`) and the critic (`value_model_from_policy`) are rebuilt
 with its weights copied in, never `copy.deepcopy`'d: after an in-process SFT the policy carries trainer
 wrappers on its `forward` whose closures point at the policy itself, and a deep copy would run the live
 policy (`searchrl.models.forward_patches` has the story). `prepare_policy` removes those wrappers from the
-policy before training starts.
+policy before training starts. `frozen_models` puts the reference and the reward model on the device (sharded
+for inference under DeepSpeed), frozen.
 
 The logprob and entropy helpers here are the per-position views PPO needs (`out[:, t]` scores token t,
 position 0 gets 0) over the shared math in `searchrl.rollout.generator.sampling_log_probs` and
@@ -27,7 +28,9 @@ from torch import nn
 from transformers import AutoModelForSequenceClassification
 
 from searchrl.models.forward_patches import independent_copy, remove_trainer_forward_patches, shares_storage
+from searchrl.ppo.distributed import RankOps, prepare_for_inference
 from searchrl.ppo.losses import entropy_from_logits
+from searchrl.rewards.reward_model import FrozenRewardModel
 from searchrl.rollout.generator import sampling_log_probs
 
 logger = logging.getLogger("searchrl.ppo")
@@ -177,6 +180,8 @@ def assemble_models(
     the policy's frozen copy is made (with PEFT, None: the reference is the policy with its adapter
     disabled). Dropout is off in every model: PPO's ratio compares two passes over the same tokens.
     """
+    if ref_model is not None and ref_model is model:
+        raise ValueError("ref_model must not be the policy itself; pass None to get a frozen copy")
     prepare_policy(model)
     for role, side in (("ref_model", ref_model), ("value_model", value_model)):
         if side is not None:
@@ -205,6 +210,19 @@ def assemble_models(
         if m is not None:
             disable_dropout(m)
     return module, ref_model, is_peft
+
+
+def frozen_models(
+    ref_model: nn.Module | None, reward_model: nn.Module | None, ranks: RankOps
+) -> tuple[nn.Module | None, FrozenRewardModel | None]:
+    """(reference in eval mode, reward model behind `FrozenRewardModel`), each on the device (DeepSpeed:
+    sharded for inference, `prepare_for_inference`); the reward model without dropout. None stays None."""
+    if reward_model is not None:
+        disable_dropout(reward_model)
+        reward_model = prepare_for_inference(reward_model, ranks.accelerator, ranks.uses_deepspeed)
+    if ref_model is not None:
+        ref_model = prepare_for_inference(ref_model, ranks.accelerator, ranks.uses_deepspeed).eval()
+    return ref_model, FrozenRewardModel(reward_model) if reward_model is not None else None
 
 
 def load_adapter_weights(model: nn.Module, path: Path) -> None:

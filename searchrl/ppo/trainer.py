@@ -23,40 +23,32 @@ instead of "first pad" validity, the score on the last *action* token, the optim
 mini-batch, gradients clipped, masked statistics, the critic checkpointed, resume supported, pad ≠ eos
 required, separate learning rates for policy and value.
 
-Several processes (`accelerate launch --num_processes N`): an `accelerate.Accelerator` made in `__init__`
-wraps the policy+critic module in DDP and the optimizer; on one process it changes nothing. Each rank
-rolls out its own slice of the global batch (rank r takes rows r, r+N, ... of the step's rows) with its
-own sampling seed, the micro-batch token weights are made global (the mini-batch's action-token count is
-all-reduced), gradients are averaged by DDP once per mini-batch (`no_sync` on the other micro-batches),
-the whitening statistics and the KL fed to the controller are computed over all ranks, and metrics are
-averaged over ranks and logged once by the main process (whose training clock every rank takes), which
-also writes checkpoints, eval files and one trajectory file per step holding every rank's trajectories.
+Several processes (`accelerate launch --num_processes N`): each rank rolls out its own slice of the
+batch; token weights, whitening, the controller's KL and the metrics are made global through `self.ranks`
+(`distributed.py` says how); on one process every such call is the identity.
 
 What is not the algorithm has its own owner: the run layer (`searchrl.common.run`: the run directory, when
 to log, evaluate, save and write samples, the best checkpoint; `common.clock`; `common.health`, the
-monitors GRPO logs too), `evaluation.evaluate.evaluate_during_training` (the dev loop), and beside this
-file `checkpointing.py` (what a checkpoint holds, resume), `callbacks.py` (transformers callbacks),
-`guard.py` (the collapse guard and its rollback), `distributed.py` (cross-rank statistics, DeepSpeed),
-`modeling.py` (the models), `batch.py` (trajectories as tensors) and `optim.py`.
+monitors GRPO logs too), `evaluation.evaluate.evaluate_during_training` (the dev loop), the rollout engines
+(`searchrl.rollout`), and beside this file `checkpointing.py` (what a checkpoint holds, resume),
+`callbacks.py` (transformers callbacks, the progress bar), `guard.py` (the collapse guard and its rollback),
+`distributed.py` (processes, cross-rank statistics, DeepSpeed), `modeling.py` (the models), `batch.py` (the
+step's rows, trajectories as tensors) and `optim.py` (optimizer, scheduler, one clipped step).
 """
 
 from __future__ import annotations
 
-import contextlib
-import math
-import random
 import time
 from collections.abc import Callable
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 from accelerate import Accelerator
-from accelerate.utils import gather_object
 from torch import nn
-from transformers import get_scheduler
 
 from searchrl.common.clock import TrainingClock
 from searchrl.common.health import likelihood_metrics
@@ -71,30 +63,24 @@ from searchrl.ppo.advantages import (
     masked_mean,
     place_rewards,
 )
-from searchrl.ppo.batch import collate_trajectories, trim_to_length
-from searchrl.ppo.callbacks import TrainerCallbacks
+from searchrl.ppo.batch import attach_per_token, collate_trajectories, next_rows, trim_to_length
+from searchrl.ppo.callbacks import TrainerCallbacks, progress_bar
 from searchrl.ppo.config import PPOConfig
-from searchrl.ppo.distributed import (
-    RankOps,
-    configure_deepspeed,
-    gathered_for_generation,
-    prepare_for_inference,
-)
-from searchrl.ppo.guard import CollapseGuard, roll_back_on_collapse
+from searchrl.ppo.distributed import RankOps, configure_deepspeed, gathered_for_generation, seed_process
+from searchrl.ppo.guard import CollapseGuard, guard_step
 from searchrl.ppo.kl import kl_penalty, make_kl_controller, per_sequence_kl
 from searchrl.ppo.losses import policy_loss, value_loss
 from searchrl.ppo.modeling import (
     assemble_models,
-    disable_dropout,
+    frozen_models,
     position_ids_from_mask,
     token_entropy,
     token_logprobs,
 )
-from searchrl.ppo.optim import build_optimizer, check_optimizer_covers
-from searchrl.rewards.qa import exact_match
-from searchrl.rewards.reward_model import FrozenRewardModel
-from searchrl.rollout.generator import HFGenerator
-from searchrl.rollout.stats import termination_stats
+from searchrl.ppo.optim import clip_and_step, optimizer_and_scheduler
+from searchrl.rewards.qa import answered_right
+from searchrl.rollout.backends import RolloutBackend, make_generator, sync_engine_weights
+from searchrl.rollout.stats import scored_episode_stats
 
 __all__ = ["PPOTrainer", "collate_trajectories", "trim_to_length"]
 
@@ -141,8 +127,6 @@ class PPOTrainer:
     ):
         if train_dataset is None:
             raise ValueError("train_dataset is required: rows with 'question' and 'golds'")
-        if ref_model is not None and ref_model is model:
-            raise ValueError("ref_model must not be the policy itself; pass None to get a frozen copy")
         if environment is None:
             raise ValueError("environment is required: a factory returning a SearchEnvironment")
         if reward_funcs is None and reward_model is None:
@@ -152,11 +136,6 @@ class PPOTrainer:
             raise ValueError(
                 "the tokenizer's pad token must exist and differ from its EOS token (with pad == eos the "
                 "EOS would be masked as padding); add one, e.g. tokenizer.add_special_tokens({'pad_token': '<|endoftext|>'})"
-            )
-        if args.mixed_precision == "fp16":
-            raise ValueError(
-                "mixed_precision='fp16' needs loss scaling, which this trainer does not do; use 'bf16' "
-                "(autocast, no scaler needed) or 'no'"
             )
         self.args = args
         self.tokenizer = tok
@@ -168,15 +147,12 @@ class PPOTrainer:
         self.hf_args = self.callbacks.hf_args
         self.run = RunDir(args.output_dir)
         # One process: a no-op wrapper. Several (`accelerate launch`): rank, world size, DDP/DeepSpeed, collectives.
-        self.accelerator = Accelerator(cpu=args.use_cpu or not torch.cuda.is_available())
-        self.rank = self.accelerator.process_index
-        self.world_size = self.accelerator.num_processes
-        self.is_main = self.accelerator.is_main_process
-        self.uses_deepspeed = getattr(self.accelerator.state, "deepspeed_plugin", None) is not None
-        self.device = self.accelerator.device
-        self.ranks = RankOps(self.accelerator)  # sums, means, whitening and metrics over all ranks
-        # Different seeds per rank (TRL's `seed + rank * 100003`); DDP broadcasts rank 0's weights anyway.
-        self._seed_everything(args.seed + self.rank * 100003)
+        self.ranks = RankOps(Accelerator(cpu=args.use_cpu or not torch.cuda.is_available()))
+        self.accelerator, self.device, self.uses_deepspeed = (
+            self.ranks.accelerator, self.ranks.device, self.ranks.uses_deepspeed
+        )  # fmt: skip
+        self.rank, self.world_size, self.is_main = self.ranks.rank, self.ranks.world_size, self.ranks.is_main
+        seed_process(args.seed, self.rank)
 
         # --- models: policy + critic in one module, the frozen reference, the frozen reward model ----
         module, ref_model, self.is_peft = assemble_models(
@@ -187,59 +163,31 @@ class PPOTrainer:
         args.finalize(world_size=self.world_size, num_train_rows=len(self.train_rows))  # TRL 1.12's names
         if self.uses_deepspeed:
             configure_deepspeed(self.accelerator, args)
-        if reward_model is not None:
-            disable_dropout(reward_model)
-            reward_model = prepare_for_inference(reward_model, self.accelerator, self.uses_deepspeed)
-        self.reward_model = FrozenRewardModel(reward_model) if reward_model is not None else None
-        if ref_model is not None:
-            ref_model = prepare_for_inference(ref_model, self.accelerator, self.uses_deepspeed).eval()
-        self.ref_model = ref_model
+        self.ref_model, self.reward_model = frozen_models(ref_model, reward_model, self.ranks)
         self.num_total_batches = args.num_total_batches
 
-        # --- optimizer and scheduler: one optimizer, two param groups (policy lr, value lr) ----------
-        optimizer, scheduler = optimizers
-        if optimizer is None:
-            optimizer = build_optimizer(self.model, args)
-        else:
-            check_optimizer_covers(optimizer, self.model)
-        self.optimizer = optimizer
+        # --- one optimizer, two param groups (policy lr, value lr), stepped once per mini-batch ---------
         self.num_optimizer_steps = self.num_total_batches * args.num_ppo_epochs * args.num_mini_batches
-        self.lr_scheduler = scheduler or get_scheduler(
-            args.lr_scheduler_type,
-            optimizer,
-            num_warmup_steps=args.warmup_steps,
-            num_training_steps=max(1, self.num_optimizer_steps),
+        self.optimizer, self.lr_scheduler = optimizer_and_scheduler(
+            self.model, args, optimizers, self.num_optimizer_steps
         )
-        # The gradient passes go through DDP (or a DeepSpeed engine) over the same parameters as `self.model`,
-        # which stays the plain module for rollouts, no-grad passes and checkpoints. The scheduler is not
-        # prepared: accelerate's wrapper would step it once per process.
-        self.wrapped_model: nn.Module = self.model
-        if self.world_size > 1 or self.uses_deepspeed:
-            self.wrapped_model, self.optimizer = self.accelerator.prepare(self.model, self.optimizer)
-
+        # The gradient passes go through DDP (or a DeepSpeed engine); `self.model` stays the plain module.
+        self.wrapped_model, self.optimizer = self.ranks.prepare(self.model, self.optimizer)
         self.kl_ctl = make_kl_controller(args.kl_coef, args.kl_target, args.kl_horizon)
 
         # --- rollout engine ----------------------------------------------------------------------------
         self.generation_config = generation_config_from_ppo(args)  # the one mapping eval and GRPO use too
-        if generator_factory is None and args.rollout_backend == "vllm":
-            # vLLM rollouts (GPU): checks vllm/CUDA first and raises ConfigError saying how to fix it.
-            from searchrl.rollout.vllm_generator import vllm_generator_factory
-
-            generator_factory = vllm_generator_factory(args, uses_deepspeed=self.uses_deepspeed)
-        self.generator = (generator_factory or HFGenerator)(self.policy, tok, self.generation_config)
+        # `rollout_backend`: HF, or vLLM (checked first: a ConfigError saying how to fix it).
+        if generator_factory is None:
+            generator_factory = partial(make_generator, backend=RolloutBackend.of(args, self.uses_deepspeed))
+        self.generator = generator_factory(self.policy, tok, self.generation_config)
         # The stop token the rollout ends a turn on (TRL 1.12's `stop_token_id`): the missing-EOS
         # penalty checks for it, not for whatever `eos_token_id` a model config might carry.
         self.stop_token_ids = {int(getattr(self.generator, "eos_id", tok.eos_token_id))}
         self.stop_strings = list(getattr(environment(), "stop_strings", []) or [])
 
         # --- run state: data position, the guard's rollback targets, the best dev checkpoint, clocks -----
-        self.cadence = Cadence(
-            self.num_total_batches,
-            args.logging_steps,
-            args.eval_steps,
-            args.save_steps,
-            args.num_sample_generations,
-        )
+        self.cadence = Cadence.of(args, self.num_total_batches)
         self.guard = CollapseGuard(args)
         self.global_step = 0
         self.episode = 0
@@ -258,34 +206,12 @@ class PPOTrainer:
         # excluded, summed over sessions; checkpointed, so a resumed run goes on from its checkpoint's value.
         self.training_clock = TrainingClock()
 
-    def _seed_everything(self, seed: int) -> None:
-        random.seed(seed)
-        np.random.seed(seed % (2**32))
-        torch.manual_seed(seed)
-
     def _autocast(self) -> Any:
         """bf16 autocast of the forward passes when `mixed_precision='bf16'` (logprobs and losses stay fp32)."""
         enabled = self.args.mixed_precision == "bf16"
         return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16, enabled=enabled)
 
-    def _next_rows(self, n: int) -> list[dict]:
-        """The next `n` training rows: a fresh permutation per data epoch, seeded by (seed, epoch)."""
-        rows = []
-        while len(rows) < n:
-            order = np.random.default_rng(self.args.seed + 7919 * self.data_epoch).permutation(
-                len(self.train_rows)
-            )
-            take = min(n - len(rows), len(order) - self.data_offset)
-            rows.extend(self.train_rows[i] for i in order[self.data_offset : self.data_offset + take])
-            self.data_offset += take
-            if self.data_offset >= len(order):
-                self.data_epoch += 1
-                self.data_offset = 0
-        return rows
-
-    # -----------------------------------------------------------------------------------------
-    # 1. rollout: this rank's rows r, r + N, r + 2N, ... of the step (all of them on one process)
-    # -----------------------------------------------------------------------------------------
+    # --- 1. rollout: this rank's rows r, r + N, r + 2N, ... of the step (all of them on one process) ---
     @torch.no_grad()
     def rollout(
         self, rows: list[dict], seed: int, temperature: float | None = None
@@ -304,9 +230,7 @@ class PPOTrainer:
             gen_cfg.seed, gen_cfg.temperature = saved
         return list(batch.trajectories), dict(getattr(batch, "stats", {}) or {})
 
-    # -----------------------------------------------------------------------------------------
-    # 2. score: rule rewards + weighted reward-model score, minus TRL 1.12's missing-EOS penalty
-    # -----------------------------------------------------------------------------------------
+    # --- 2. score: rule rewards + weighted reward-model score, minus TRL 1.12's missing-EOS penalty ---
     @torch.no_grad()
     def score(self, trajs: list[Trajectory], batch: dict[str, torch.Tensor]) -> torch.Tensor:
         scores = torch.zeros(len(trajs))
@@ -331,23 +255,10 @@ class PPOTrainer:
         return scores
 
     def ends_with_stop(self, traj: Trajectory) -> bool:
-        """Did the policy end its last turn itself (the configured stop token, or a protocol stop string)?
+        """Did the policy end its last turn itself (the rollout's stop token, or a protocol stop string)?"""
+        return traj.ends_with_stop(self.stop_token_ids, self.stop_strings)
 
-        False for a trajectory cut by a token budget, whatever its last token: the stop token was never
-        sampled as an ending.
-        """
-        last = traj.last_action_index
-        if last < 0 or traj.termination == "token_budget":
-            return False
-        if traj.input_ids[last] in self.stop_token_ids:
-            return True
-        actions = [sp for sp in traj.spans if sp.kind == "action"]
-        tail = actions[-1].text.rstrip() if actions else ""
-        return any(tail.endswith(stop) for stop in self.stop_strings)
-
-    # -----------------------------------------------------------------------------------------
-    # 3. forward passes under no_grad: old logprobs, reference logprobs, values
-    # -----------------------------------------------------------------------------------------
+    # --- 3. forward passes under no_grad: old logprobs, reference logprobs, values ---
     @torch.no_grad()
     def _policy_and_values(
         self, batch: dict[str, torch.Tensor]
@@ -383,13 +294,14 @@ class PPOTrainer:
             out.append(token_logprobs(logits, ids, a.temperature, a.top_k, a.top_p).cpu())
         return torch.cat(out)
 
-    # -----------------------------------------------------------------------------------------
-    # one PPO step
-    # -----------------------------------------------------------------------------------------
+    # --- one PPO step: 1 -> 7 ---
     def step(self) -> dict[str, float]:
         a = self.args
         t0 = time.perf_counter()
-        rows = self._next_rows(a.batch_size)[self.rank :: self.world_size]
+        rows, self.data_epoch, self.data_offset = next_rows(
+            self.train_rows, a.batch_size, a.seed, self.data_epoch, self.data_offset
+        )
+        rows = rows[self.rank :: self.world_size]  # this rank's slice of the global batch
         step_seed = a.seed * 1_000_003 + self.global_step + self.rank * 100003
         trajs, rollout_stats = self.rollout(rows, seed=step_seed)
         t_rollout = time.perf_counter() - t0
@@ -420,9 +332,7 @@ class PPOTrainer:
 
         # 6. optimise: the clipped surrogate and the clipped value loss (Schulman et al. 2017).
         train_stats = self._optimise(batch, old_logprobs, old_values * action_mask, advantages, returns)
-        sync_weights = getattr(self.generator, "sync_weights", None)
-        if sync_weights is not None:  # an engine with its own copy of the weights (vLLM): push the update
-            sync_weights(self.policy)
+        sync_engine_weights(self.generator, self.policy)  # an engine with its own copy of the weights (vLLM)
 
         # 7. control: the KL controller sees the batch mean of per-trajectory summed KL (TRL's unit), over
         # all ranks, and counts the global batch, so every rank holds the same coefficient.
@@ -435,9 +345,6 @@ class PPOTrainer:
         self.episode += len(trajs) * self.world_size
         n_action = action_mask.sum(1).clamp(min=1)
         non_score = (-kl_coef_used * kl * action_mask).sum(1)
-        correct = [
-            t.answer is not None and bool(t.golds) and bool(exact_match(t.answer, t.golds)) for t in trajs
-        ]
         metrics: dict[str, float] = {
             "step": self.global_step,
             "episode": self.episode,
@@ -459,9 +366,9 @@ class PPOTrainer:
             "rollout/seconds": t_rollout,
             "tokens_per_second": float(batch["attention_mask"].sum()) / max(time.perf_counter() - t0, 1e-9),
             **train_stats,
-            **likelihood_metrics(old_logprobs, action_mask, correct, ref_logprobs),
+            **likelihood_metrics(old_logprobs, action_mask, answered_right(trajs), ref_logprobs),
             **{k: float(v) for k, v in rollout_stats.items() if isinstance(v, int | float)},
-            **self._reward_metrics(trajs),
+            **scored_episode_stats(trajs),
         }
         metrics = self.ranks.reduce_metrics(metrics)
         self._save_trajectories(
@@ -497,34 +404,16 @@ class PPOTrainer:
                         k: v.to(self.device)
                         for k, v in trim_to_length(full, mb_idx[ustart : ustart + micro]).items()
                     }
-                    # Gradients are all-reduced once per mini-batch, on its last micro-batch only.
-                    last_micro = j == len(micro_starts) - 1
-                    sync = (
-                        contextlib.nullcontext()
-                        if last_micro
-                        else self.accelerator.no_sync(self.wrapped_model)
-                    )
-                    with sync:
+                    with self.ranks.accumulating(self.wrapped_model, j == len(micro_starts) - 1):
                         for k, v in self._micro_batch_backward(mb, mb_tokens).items():
                             stats[k].append(v)
-                if self.uses_deepspeed:
-                    # The engine clipped and stepped at its accumulation boundary (NOT run here).
-                    grad_norm = self.wrapped_model.get_global_grad_norm() or 0.0
-                else:
-                    # max_grad_norm null: measure the norm, clip nothing.
-                    limit = a.max_grad_norm if a.max_grad_norm is not None else float("inf")
-                    grad_norm = torch.nn.utils.clip_grad_norm_(
-                        [p for p in self.model.parameters() if p.requires_grad], limit
-                    )
-                stats["grad_norm"].append(float(grad_norm))
-                if math.isfinite(float(grad_norm)) or self.uses_deepspeed:
-                    self.optimizer.step()
-                else:
-                    # A NaN/inf gradient would poison every weight it touches: skip this update (counted in
-                    # health/skipped_updates; the collapse guard treats it as a collapse).
-                    skipped += 1
-                self.lr_scheduler.step()
-                self.optimizer.zero_grad(set_to_none=True)
+                # Clip to max_grad_norm and step; a NaN/inf gradient skips the update (health/skipped_updates).
+                engine = self.wrapped_model if self.uses_deepspeed else None
+                grad_norm, stepped = clip_and_step(
+                    self.model, self.optimizer, self.lr_scheduler, a.max_grad_norm, engine
+                )
+                stats["grad_norm"].append(grad_norm)
+                skipped += not stepped
         self.model.eval()
         return {
             "loss/policy_avg": float(np.mean(stats["pg"])),
@@ -567,36 +456,20 @@ class PPOTrainer:
             "ratio": float(pg_stats["ratio"]),
         }
 
-    @staticmethod
-    def _reward_metrics(trajs: list[Trajectory]) -> dict[str, float]:
-        """Each reward term's batch mean (0 for an episode without it), termination shares, answer length.
-        Tool counts and search latency come from the rollout's own statistics (`rollout.stats.tool_stats`),
-        the one definition GRPO logs too."""
-        keys = sorted({k for t in trajs for k in t.reward_breakdown})
-        out = {f"reward/{k}": float(np.mean([t.reward_breakdown.get(k, 0.0) for t in trajs])) for k in keys}
-        out.update(termination_stats(trajs))
-        out["answer/length_words"] = float(np.mean([len((t.answer or "").split()) for t in trajs]))
-        return out
-
     def _save_trajectories(self, trajs: list[Trajectory], per_token: dict[str, torch.Tensor]) -> None:
+        """`RUN/trajectories/step-N.jsonl.gz`: every rank's episodes with the per-token PPO quantities."""
         if not self.args.save_trajectories:
             return
-        for i, t in enumerate(trajs):
+        for t in trajs:
             t.metadata["step"] = self.global_step
-            # Per-token PPO quantities (whitened advantages, KL to the reference, values) for the trajectory
-            # viewer, cut to this trajectory's own length; 0 on non-action tokens.
-            for name, values in per_token.items():
-                t.metadata[name] = [round(float(x), 5) for x in values[i, : len(t.input_ids)]]
-            if self.world_size > 1:
-                t.metadata["rank"] = self.rank
-        if self.world_size > 1:
-            trajs = gather_object(list(trajs))  # one file per step, every rank's episodes, rank order
+        attach_per_token(trajs, per_token)
+        for t in trajs if self.world_size > 1 else ():
+            t.metadata["rank"] = self.rank
+        trajs = self.ranks.gather(trajs)  # one file per step, every rank's episodes, rank order
         if self.is_main:
             self.run.write_step_trajectories(self.global_step, trajs)
 
-    # -----------------------------------------------------------------------------------------
-    # evaluation on held-out rows: the loop `searchrl eval` runs (same prompt, retriever, answer extraction)
-    # -----------------------------------------------------------------------------------------
+    # --- evaluation on held-out rows: the loop `searchrl eval` runs ---
     def evaluate(self, rows: list[dict] | None = None, seed: int = 0) -> dict[str, float]:
         """Dev evaluation at `eval_temperature` (`evaluate_during_training`, the loop every trainer and
         `searchrl eval` share); writes `RUN/eval/step-N.json` with `episode` and the clocks.
@@ -631,9 +504,7 @@ class PPOTrainer:
         `time/elapsed_s` (the same plus evaluation seconds)."""
         return self.training_clock.reading()
 
-    # -----------------------------------------------------------------------------------------
-    # checkpoints (`ppo/checkpointing.py`): atomic, pruned, restoring everything a resumed run needs
-    # -----------------------------------------------------------------------------------------
+    # --- checkpoints (`ppo/checkpointing.py`): atomic, pruned, restoring everything a resumed run needs ---
     def save_checkpoint(self) -> Path:
         final = checkpointing.save_checkpoint(self)
         self._callback("on_save")
@@ -642,16 +513,16 @@ class PPOTrainer:
     def load_checkpoint(self, path: str | Path, restore_clock: bool = True) -> None:
         checkpointing.load_checkpoint(self, path, restore_clock)
 
-    # -----------------------------------------------------------------------------------------
-    # the training loop
-    # -----------------------------------------------------------------------------------------
+    # --- the training loop ---
     def train(self, resume: bool = False) -> dict[str, float]:
         a = self.args
         checkpointing.start_or_resume(self, resume)
         self._callback("on_train_begin")
         if a.eval_on_start and self.global_step == 0 and self.eval_rows:
             self._evaluate_on_start()
-        with self._progress() as (progress, task):
+        with progress_bar(
+            self.num_total_batches, self.global_step, a.progress_bar and self.is_main
+        ) as progress:
             self.training_clock.start()
             while self.global_step < self.num_total_batches:
                 metrics = self.step()
@@ -663,10 +534,7 @@ class PPOTrainer:
                 if self.eval_rows and self.cadence.should_evaluate(self.global_step):
                     metrics.update(self.evaluate())
                 self.training_clock.start()
-                rollback = a.collapse_guard and roll_back_on_collapse(self, metrics)
-                if not rollback and self.unverified_checkpoint is not None:
-                    # This step's rollouts came from the unverified weights and passed the guard.
-                    self.last_good_checkpoint, self.unverified_checkpoint = self.unverified_checkpoint, None
+                rollback = guard_step(self, metrics)  # the collapse guard: roll back, or trust the last save
                 if self.cadence.should_log(self.global_step, metrics):
                     if self.is_main:  # metrics are already the same on every rank: logged once
                         self.run.log_metrics(metrics)
@@ -675,8 +543,10 @@ class PPOTrainer:
                     self.run.write_samples(self.global_step, self.last_trajectories, self.tokenizer)
                 self._callback("on_step_end")
                 checkpointing.save_after_step(self, metrics, rollback)  # every save_steps, and a new best
-                info = f"score {metrics['objective/scores']:.3f} kl {metrics['objective/kl']:.3f}"
-                progress.update(task, completed=self.global_step, info=info)
+                progress(
+                    self.global_step,
+                    f"score {metrics['objective/scores']:.3f} kl {metrics['objective/kl']:.3f}",
+                )
         latest = self.run.latest_checkpoint()
         if latest is None or latest.name != f"step-{self.global_step}":
             self.save_checkpoint()
@@ -692,18 +562,6 @@ class PPOTrainer:
             self.run.log_metrics(line)
         checkpointing.save_after_step(self, line)  # the warm start itself may stay the best policy of the run
         self._callback("on_log", logs=line)
-
-    @contextlib.contextmanager
-    def _progress(self) -> Any:
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-        columns = (TextColumn("[bold]PPO"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-                   TextColumn("{task.fields[info]}"))  # fmt: skip
-        with Progress(*columns, disable=not self.args.progress_bar or not self.is_main) as progress:
-            yield (
-                progress,
-                progress.add_task("ppo", total=self.num_total_batches, completed=self.global_step, info=""),
-            )
 
     def _callback(self, event: str, **kwargs: Any) -> None:
         """transformers callbacks (`ppo/callbacks.py`): the `report_to` integrations and the user's own."""

@@ -22,6 +22,7 @@ from __future__ import annotations
 import re
 import string
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from searchrl.common.trajectory import Trajectory
@@ -74,6 +75,14 @@ def exact_match(prediction: str, ground_truths: str | list[str]) -> float:
 def f1_score(prediction: str, ground_truths: str | list[str]) -> float:
     """Token-level F1 (multiset overlap) after normalisation, the maximum over golds."""
     return max(_f1_one(prediction, g) for g in _as_gold_list(ground_truths))
+
+
+def answered_right(trajectories: Sequence[Trajectory]) -> list[bool]:
+    """Per trajectory: it gave a final answer that exactly matches one of its golds (False without golds); the
+    likelihood monitors' `correct` (`searchrl.common.health`)."""
+    return [
+        t.answer is not None and bool(t.golds) and bool(exact_match(t.answer, t.golds)) for t in trajectories
+    ]
 
 
 def contains_answer(text: str, answer: str) -> bool:

@@ -36,6 +36,8 @@ _EXPORTS = {
     "VLLMEngine": "searchrl.rollout.vllm_generator",
     "HFTokenEngine": "searchrl.rollout.vllm_generator",
     "rollout_stats": "searchrl.rollout.stats",
+    "RolloutBackend": "searchrl.rollout.backends",
+    "make_generator": "searchrl.rollout.backends",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -4,6 +4,7 @@ Why: a search agent fails quietly (timeouts become observations, budgets end epi
 are what makes that visible in the training log. Names are flat `group/name` keys, logged as they are:
 `tools/calls_per_episode`, `tools/failure_rate`, `tools/failures/<status>`, `search/latency_p50_ms`,
 `search/latency_p99_ms`, `termination/<reason>` (share of episodes), `rollout/tokens_per_s`, ...
+`scored_episode_stats` adds what PPO logs once the episodes are scored: `reward/<term>` and the answers' length.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Sequence
+
+import numpy as np
 
 from searchrl.common.trajectory import TERMINATION_REASONS, TOOL_STATUSES, Trajectory
 
@@ -79,6 +82,18 @@ def termination_stats(trajectories: Sequence[Trajectory]) -> dict[str, float]:
     counts = Counter(t.termination for t in trajectories)
     n = max(1, len(trajectories))
     return {f"termination/{reason}": counts.get(reason, 0) / n for reason in TERMINATION_REASONS}
+
+
+def scored_episode_stats(trajectories: Sequence[Trajectory]) -> dict[str, float]:
+    """Each reward term's batch mean (an episode without the term counts 0, so a penalty only some episodes
+    pay shows as its cost per episode), termination shares and the answers' length in words."""
+    keys = sorted({k for t in trajectories for k in t.reward_breakdown})
+    out = {
+        f"reward/{k}": float(np.mean([t.reward_breakdown.get(k, 0.0) for t in trajectories])) for k in keys
+    }
+    out.update(termination_stats(trajectories))
+    out["answer/length_words"] = float(np.mean([len((t.answer or "").split()) for t in trajectories]))
+    return out
 
 
 def token_stats(trajectories: Sequence[Trajectory], wall_s: float) -> dict[str, float]:

@@ -479,37 +479,3 @@ class VLLMGenerator(TurnLoop):
             "rollout/dropped_engine_tokens": float(usage.dropped),
             "rollout/weight_syncs": float(self.weight_syncs),
         }
-
-
-# -------------------------------------------------------------------------------------------------
-# PPO wiring
-# -------------------------------------------------------------------------------------------------
-
-
-def vllm_generator_factory(args: Any, uses_deepspeed: bool = False) -> Callable[..., VLLMGenerator]:
-    """What `PPOTrainer` builds its generator with when `rollout_backend="vllm"`.
-
-    Checks first (ConfigError, saying how to fix): vLLM importable, CUDA present, no DeepSpeed (ZeRO-3
-    shards the weights this engine would have to gather on every sync; not supported here).
-    """
-    if getattr(args, "use_cpu", False):
-        raise ConfigError('rollout_backend="vllm" needs the GPU, but use_cpu is true; set use_cpu: false')
-    check_vllm_available()
-    if uses_deepspeed:
-        raise ConfigError(
-            'rollout_backend="vllm" is not supported under DeepSpeed here (ZeRO-3 would need the sharded '
-            'weights gathered on every sync); launch without DeepSpeed or set rollout_backend: "hf"'
-        )
-    options = dict(
-        gpu_memory_utilization=float(args.vllm_gpu_memory_utilization),
-        enable_prefix_caching=bool(args.vllm_enable_prefix_caching),
-        seed=int(getattr(args, "seed", 0)),
-        dtype="bfloat16" if getattr(args, "mixed_precision", "no") == "bf16" else "auto",
-    )
-
-    def make(
-        model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, config: GenerationConfig
-    ) -> VLLMGenerator:
-        return VLLMGenerator(model, tokenizer, config, **options)
-
-    return make
