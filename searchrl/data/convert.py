@@ -49,6 +49,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from searchrl.data.benchmarks import BENCHMARKS
 from searchrl.data.datasets import DatasetError, load_qa, normalize_qa_row
 
 FORMATS: tuple[str, ...] = ("searchrl", "search-r1", "flashrag")
@@ -500,8 +501,6 @@ def _write_by_source(
     default_split: str,
     template: str,
 ) -> list[Path]:
-    from searchrl.evaluation.benchmarks import BENCHMARKS
-
     if output.suffix in (".jsonl", ".parquet", ".gz", ".json"):
         raise ConvertError(f"{output}: with --by-source the output is a folder (one sub-folder per dataset)")
     groups: dict[str, list[dict[str, Any]]] = {}
