@@ -40,6 +40,7 @@ own instruction around the question (the tag protocol: `<think>`, `<search>`, `<
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import tempfile
@@ -49,6 +50,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from searchrl.common.io import write_jsonl
 from searchrl.data.benchmarks import BENCHMARKS
 from searchrl.data.datasets import DatasetError, load_qa, normalize_qa_row
 
@@ -162,8 +164,6 @@ def read_flashrag(path: str | Path, limit: int | None = None) -> list[dict[str, 
 
 
 def _jsonl(path: Path):
-    import gzip
-
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rt", encoding="utf-8") as f:
         for lineno, line in enumerate(f, start=1):
@@ -289,8 +289,6 @@ def search_r1_question(question: str) -> str:
 
 def write_searchrl(rows: Sequence[dict[str, Any]], path: str | Path) -> Path:
     """Our JSONL (`.jsonl` or `.jsonl.gz`), one row per line, written atomically."""
-    from searchrl.common.io import write_jsonl
-
     path = Path(path)
     _require_suffix(path, (".jsonl", ".jsonl.gz"), "searchrl")
     write_jsonl(path, rows)
@@ -311,8 +309,6 @@ def flashrag_row(row: dict[str, Any]) -> dict[str, Any]:
 
 def write_flashrag(rows: Sequence[dict[str, Any]], path: str | Path) -> Path:
     """FlashRAG JSONL (`id`, `question`, `golden_answers`, `metadata`), written atomically."""
-    from searchrl.common.io import write_jsonl
-
     path = Path(path)
     _require_suffix(path, (".jsonl", ".jsonl.gz"), "flashrag")
     write_jsonl(path, [flashrag_row(r) for r in rows])

@@ -6,9 +6,13 @@ loop instead: SmolLM2-135M-Instruct on HotpotQA and SQuAD (`searchrl.demo.real`)
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from pathlib import Path
 
 import typer
+
+from searchrl.common.config import ConfigError, load_config
 
 
 def register(app: typer.Typer) -> None:
@@ -41,9 +45,7 @@ def register(app: typer.Typer) -> None:
         ),
     ) -> None:
         """Run the offline demo: synthesise the task, index it, build and warm-start the tiny model, PPO, evaluate."""
-        import json
-
-        from searchrl.common.config import load_config
+        # Every stage's libraries (torch, trl, bm25s, ...): loaded when the demo runs, not for --help.
         from searchrl.demo.pipeline import DemoConfig, run_demo, smoke_config
         from searchrl.demo.real import is_real_demo_yaml
 
@@ -68,8 +70,6 @@ def register(app: typer.Typer) -> None:
         if compare_grpo:
             overrides["compare_grpo"] = True
         if overrides:
-            import dataclasses
-
             cfg = dataclasses.replace(cfg, **overrides)
         summary = run_demo(cfg)
         headline = {
@@ -91,11 +91,7 @@ def register(app: typer.Typer) -> None:
 
 def _run_real(config: Path | None, smoke: bool, out: str | None, seed: int | None, quiet: bool) -> None:
     """The real loop (`searchrl.demo.real`): load or build its config, run it, print the headline JSON."""
-    import dataclasses
-    import json
-
-    from searchrl.common.config import ConfigError, load_config
-    from searchrl.demo.real import RealDemoConfig, run_real_demo, toy_real_config
+    from searchrl.demo.real import RealDemoConfig, run_real_demo, toy_real_config  # torch, trl, peft, bm25s
 
     if config is not None:
         try:

@@ -30,6 +30,8 @@ from typing import Any
 
 import numpy as np
 
+from searchrl.common.io import atomic_write_json
+from searchrl.common.trajectory import write_trajectories
 from searchrl.data.benchmarks import (
     BENCHMARKS,
     SEARCH_R1_PAPER_EM,
@@ -39,6 +41,8 @@ from searchrl.data.benchmarks import (
     find_benchmark_files,
 )
 from searchrl.data.convert import search_r1_question
+from searchrl.data.datasets import load_qa
+from searchrl.env.environment import SearchEnvironment
 from searchrl.evaluation.evaluate import (
     DEFAULT_BOOTSTRAP,
     DEFAULT_CONFIDENCE,
@@ -139,11 +143,6 @@ def evaluate_benchmarks(
     questions of each set. The JSON goes to `RUN/eval/benchmarks-<checkpoint>.json` (or `output`), the
     trajectories beside it. Returns the payload and the JSON path.
     """
-    from searchrl.common.io import atomic_write_json
-    from searchrl.common.trajectory import write_trajectories
-    from searchrl.data.datasets import load_qa
-    from searchrl.env.environment import SearchEnvironment
-
     check_search_args(index_dir, corpus)
     files = find_benchmark_files(benchmarks_dir, sets)
     reader, root, config = open_run(run_dir)

@@ -28,8 +28,14 @@ from typing import Any
 
 import numpy as np
 
-from searchrl.common.trajectory import TERMINATION_REASONS, Trajectory
+from searchrl.common.config import load_config
+from searchrl.common.io import atomic_write_json
+from searchrl.common.run import RunReader, RunTargetError
+from searchrl.common.trajectory import TERMINATION_REASONS, Trajectory, write_trajectories
+from searchrl.data.datasets import load_qa
+from searchrl.env.environment import EnvConfig, SearchEnvironment
 from searchrl.rewards.citation import citation_status
+from searchrl.rewards.combine import default_rubric, load_rubric
 from searchrl.rewards.qa import exact_match, f1_score
 from searchrl.rewards.shaping import is_well_formed
 from searchrl.rollout.generator import GenerationConfig, HFGenerator
@@ -415,8 +421,6 @@ def load_run_config(run_dir: str | Path) -> Any:
     `run_dir` may also be a demo directory (its PPO run's config). Raises FileNotFoundError when the run
     has no config.yaml and `RunTargetError` (a ValueError) when the path is not a run at all.
     """
-    from searchrl.common.run import RunReader
-
     reader = RunReader(run_dir)
     root = reader.require_run("searchrl eval")
     if reader.config is None:
@@ -429,8 +433,6 @@ def load_run_config(run_dir: str | Path) -> Any:
 
 def resolve_checkpoint(run_dir: str | Path, checkpoint: str = "latest") -> tuple[Path, str]:
     """(policy folder, checkpoint name) for `latest`, `step-N` or `N` in `RUN/checkpoints/` (read only)."""
-    from searchrl.common.run import RunReader
-
     return RunReader(run_dir).checkpoint_policy(checkpoint)
 
 
@@ -508,9 +510,6 @@ def evaluate_with_ppo_limits(
 
 def run_env_config(run_dir: str | Path | None, config: Any) -> Any:
     """`RUN/env.yaml` (an `EnvConfig`) when the run recorded one, else what its config implies."""
-    from searchrl.common.config import load_config
-    from searchrl.env.environment import EnvConfig
-
     if run_dir is not None and (Path(run_dir) / "env.yaml").exists():
         return load_config(EnvConfig, Path(run_dir) / "env.yaml")
     if config is None:
@@ -622,8 +621,6 @@ def check_search_args(index_dir: str | Path | None, corpus: str | Path | None) -
 
 def open_run(run_dir: str | Path | None) -> tuple[Any, Path | None, Any]:
     """(RunReader, run root, run config) of an evaluation's `--run`, or Nones without one."""
-    from searchrl.common.run import RunReader, RunTargetError
-
     reader = RunReader(run_dir) if run_dir is not None else None
     if reader is not None and reader.kind == "trajectories":
         raise RunTargetError(
@@ -653,12 +650,12 @@ def search_for_eval(
     ):
         index_dir = reader.index_dir
     if corpus is not None:
-        from searchrl.search.index import build_index
+        from searchrl.search.index import build_index  # bm25s and numba: only when a search is opened
 
         with tempfile.TemporaryDirectory(prefix="searchrl-eval-index-") as tmp:
             yield build_index(corpus, Path(tmp) / "index", backend="bm25"), {"corpus": str(corpus)}
         return
-    from searchrl.search.index import SearchConfig, open_backend
+    from searchrl.search.index import SearchConfig, open_backend  # bm25s and numba, as above
 
     if index_dir is not None and not Path(index_dir).is_dir():
         raise FileNotFoundError(
@@ -692,11 +689,6 @@ def _evaluate_target(
     output: str | Path | None,
     options: dict[str, Any],
 ) -> tuple[EvalResult, Path]:
-    from searchrl.common.io import atomic_write_json
-    from searchrl.common.trajectory import write_trajectories
-    from searchrl.data.datasets import load_qa
-    from searchrl.env.environment import SearchEnvironment
-
     split = options.get("split")
     rows = load_qa(rows_path, limit=limit)
     policy, tokenizer = load_policy_for_eval(reader, config, model_dir)
@@ -744,6 +736,7 @@ def load_policy_for_eval(reader: Any, config: Any, model_dir: Path) -> tuple[Any
     """(policy, tokenizer) of a model folder; the tokenizer from the folder, else the run's. A LoRA checkpoint
     (an adapter folder) is merged into its base model, found from any working directory
     (`searchrl.models.adapter`; the run's starting policy is the fallback)."""
+    # trl, datasets and pyarrow come with the model loaders: loaded when a model is.
     from searchrl.models.adapter import adapter_base_dir, is_adapter_dir, load_adapter_policy
     from searchrl.models.tiny import load_policy, load_tokenizer
 
@@ -782,8 +775,6 @@ def trajectories_path(json_path: str | Path) -> Path:
 
 
 def _run_rubric(config: Any) -> Any:
-    from searchrl.rewards.combine import default_rubric, load_rubric
-
     if config is not None and config.reward_config_path:
         return load_rubric(config.reward_config_path)
     return default_rubric()

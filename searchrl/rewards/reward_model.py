@@ -36,6 +36,7 @@ import torch
 from torch import nn
 
 from searchrl.common.config import ConfigError
+from searchrl.common.io import read_jsonl
 from searchrl.common.trl_args import cpu_safe_trainer_kwargs
 from searchrl.rewards.citation import citation_status
 from searchrl.rewards.combine import default_rubric
@@ -297,8 +298,6 @@ def load_preference_dataset(path: str | Path) -> Any:
     elif path.suffix == ".parquet":
         dataset = Dataset.from_parquet(str(path))
     elif path.name.endswith((".jsonl", ".json", ".jsonl.gz")):
-        from searchrl.common.io import read_jsonl
-
         rows = list(read_jsonl(path)) if path.name.endswith((".jsonl", ".jsonl.gz")) else None
         dataset = Dataset.from_list(rows) if rows is not None else Dataset.from_json(str(path))
     else:

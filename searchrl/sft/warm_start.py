@@ -41,16 +41,23 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase, PrinterCallba
 
 from searchrl.common.config import ConfigError
 from searchrl.common.io import atomic_write_json
-from searchrl.common.trajectory import Trajectory
+from searchrl.common.trajectory import Trajectory, write_trajectories
 from searchrl.common.trl_args import cpu_safe_trainer_kwargs
 from searchrl.env.environment import EnvConfig, SearchEnvironment
 from searchrl.env.protocol import parse_turn
 from searchrl.models.forward_patches import remove_trainer_forward_patches
-from searchrl.models.tiny import TinyModelConfig
+from searchrl.models.tiny import (
+    TinyModelConfig,
+    build_policy,
+    load_policy,
+    load_tokenizer,
+    tokenizer_training_texts,
+    train_tokenizer,
+)
 from searchrl.rollout.chat import render_conversation
 from searchrl.rollout.generator import GenerationConfig, HFGenerator
 from searchrl.sections import EnvironmentSection
-from searchrl.sft.expert import ExpertConfig
+from searchrl.sft.expert import ExpertConfig, ExpertPolicy
 
 IGNORE_INDEX = -100
 logger = logging.getLogger("searchrl.sft")
@@ -253,7 +260,7 @@ def _steps_of(config: SFTWarmStartConfig, num_examples: int) -> int:
 
 
 def _sft_config(config: SFTWarmStartConfig, output_dir: str, num_examples: int = 0) -> Any:
-    from trl import SFTConfig
+    from trl import SFTConfig  # TRL's trainer modules (and the report_to integrations): ~1 s, at training
 
     scheduler_kwargs: dict[str, Any] = {}
     if config.lr_scheduler_type == "warmup_stable_decay":
@@ -285,7 +292,7 @@ def _sft_config(config: SFTWarmStartConfig, output_dir: str, num_examples: int =
 
 
 def _plain_loss_trainer_class() -> type:
-    from trl import SFTTrainer
+    from trl import SFTTrainer  # ~1 s, as above
 
     class PlainLossSFTTrainer(SFTTrainer):
         """TRL's SFTTrainer with a plain causal-LM loss whose LM head runs in float32.
@@ -329,7 +336,7 @@ def make_sft_trainer(
     callbacks: list[Any] | None = None,
 ) -> Any:
     """TRL's SFTTrainer over a pre-tokenised dataset (`sft_dataset`), CPU-safe settings."""
-    from trl import SFTTrainer
+    from trl import SFTTrainer  # ~1 s, as above
 
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")  # TRL trainers ping the hub otherwise
     trainer_class = SFTTrainer if config.trl_loss else _plain_loss_trainer_class()
@@ -471,8 +478,6 @@ def prompt_texts(env: Any, rows: Sequence[dict[str, Any]], copies: int = 20) -> 
     Without it the BPE, trained on documents and questions, spells the fixed tool schema in hundreds of
     byte-level pieces; with it the prompt is about half as long, which halves SFT and rollout cost.
     """
-    from searchrl.models.tiny import train_tokenizer
-
     if not rows:
         return []
     scratch = train_tokenizer(["searchrl"], vocab_size=300)  # only its chat template is used here
@@ -502,11 +507,7 @@ def run_warm_start_pipeline(
     dev_rows: Sequence[dict[str, Any]] = (),
 ) -> dict[str, Any]:
     """Demonstrate `rows` with the expert, SFT on them, save `out_dir/model`; returns a summary dict."""
-    from searchrl.common.trajectory import write_trajectories
-    from searchrl.models.tiny import build_policy, load_policy, load_tokenizer, tokenizer_training_texts
-    from searchrl.models.tiny import train_tokenizer as train_bpe
-    from searchrl.search.index import open_backend
-    from searchrl.sft.expert import ExpertPolicy
+    from searchrl.search.index import open_backend  # bm25s and numba: when demonstrations are made
 
     config = config or SFTRunConfig()
     env_config = config.environment.env_config()
@@ -518,7 +519,7 @@ def run_warm_start_pipeline(
     else:
         probe = SearchEnvironment(backend, env_config)
         texts = tokenizer_training_texts(corpus_rows, rows) + prompt_texts(probe, rows)
-        tokenizer = train_bpe(texts, vocab_size=config.vocab_size)
+        tokenizer = train_tokenizer(texts, vocab_size=config.vocab_size)
         policy = build_policy(tokenizer, config.model)
     expert = ExpertPolicy(config.expert)
     demos: list[Trajectory] = []
