@@ -40,7 +40,6 @@ own instruction around the question (the tag protocol: `<think>`, `<search>`, `<
 
 from __future__ import annotations
 
-import gzip
 import json
 import os
 import tempfile
@@ -52,7 +51,7 @@ from typing import Any
 
 from searchrl.common.io import write_jsonl
 from searchrl.data.benchmarks import BENCHMARKS
-from searchrl.data.datasets import DatasetError, load_qa, normalize_qa_row
+from searchrl.data.datasets import DatasetError, jsonl_rows, load_qa, normalize_qa_row
 
 FORMATS: tuple[str, ...] = ("searchrl", "search-r1", "flashrag")
 # The dataset names Search-R1's reward routing knows (its qa_em scorer); other names need its code changed.
@@ -131,7 +130,7 @@ def read_flashrag(path: str | Path, limit: int | None = None) -> list[dict[str, 
             f"{path}: file not found; pass a FlashRAG .jsonl file (id, question, golden_answers)"
         )
     rows: list[dict[str, Any]] = []
-    for where, raw in _jsonl(path):
+    for where, raw in jsonl_rows(path, ConvertError):
         if not isinstance(raw, dict):
             raise ConvertError(f"{where}: expected a JSON object, got {type(raw).__name__}")
         if "golden_answers" not in raw:
@@ -161,20 +160,6 @@ def read_flashrag(path: str | Path, limit: int | None = None) -> list[dict[str, 
     if not rows:
         raise ConvertError(f"{path}: no rows; a FlashRAG file has one JSON object per line")
     return rows
-
-
-def _jsonl(path: Path):
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                yield f"{path}: line {lineno}", json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ConvertError(
-                    f"{path}: line {lineno}: not valid JSON ({e.msg}); one object per line"
-                ) from e
 
 
 def _question_from_prompt(prompt: Any) -> str | None:

@@ -745,9 +745,8 @@ def run_real_demo(cfg: RealDemoConfig) -> dict[str, Any]:
 
     backend = clock.run("index", make_index)
     tok = load_tokenizer(base_dir)
-    env_config = (
-        cfg.environment.env_config()
-    )  # one environment for demonstrations, training and every evaluation
+    # One environment for demonstrations, training and every evaluation.
+    env_config = cfg.environment.env_config()
 
     def env_factory() -> SearchEnvironment:
         return SearchEnvironment(backend, env_config, tokenizer=tok)

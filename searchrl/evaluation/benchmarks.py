@@ -30,8 +30,6 @@ from typing import Any
 
 import numpy as np
 
-from searchrl.common.io import atomic_write_json
-from searchrl.common.trajectory import write_trajectories
 from searchrl.data.benchmarks import (
     BENCHMARKS,
     SEARCH_R1_PAPER_EM,
@@ -47,17 +45,15 @@ from searchrl.evaluation.evaluate import (
     DEFAULT_BOOTSTRAP,
     DEFAULT_CONFIDENCE,
     GeneratorFactory,
-    _resolve_model,
-    _run_rubric,
     _step_of,
     check_search_args,
-    default_generation_config,
+    default_eval_output,
+    eval_setup,
     evaluate_policy,
-    load_policy_for_eval,
-    open_run,
-    run_env_config,
+    open_eval_target,
     search_for_eval,
     trajectory_values,
+    write_eval,
 )
 
 # The metrics of the table: exact match (the paper's metric), F1 and searches per question.
@@ -145,18 +141,14 @@ def evaluate_benchmarks(
     """
     check_search_args(index_dir, corpus)
     files = find_benchmark_files(benchmarks_dir, sets)
-    reader, root, config = open_run(run_dir)
-    model_dir, name = _resolve_model(reader, config, model, checkpoint)
-    if not model_dir.is_dir():
-        raise FileNotFoundError(f"{model_dir}: model folder not found")
+    reader, root, config, model_dir, name = open_eval_target(run_dir, model, checkpoint)
     rows_by_set = {
         f.benchmark.name: _prepare_rows(load_qa(f.path, limit=limit), f.benchmark.name, question_mark)
         for f in files
     }
-    policy, tokenizer = load_policy_for_eval(reader, config, model_dir)
-    env_cfg = env_config if env_config is not None else run_env_config(root, config)
-    gen_cfg = generation_config or default_generation_config(config, env_cfg)
-    suite_rubric = rubric if rubric is not None else _run_rubric(config)
+    policy, tokenizer, env_cfg, gen_cfg, suite_rubric = eval_setup(
+        reader, root, config, model_dir, env_config, generation_config, rubric
+    )
     per_set: dict[str, dict[str, Any]] = {}
     values: dict[str, list[dict[str, float]]] = {}
     trajectories = []
@@ -190,10 +182,9 @@ def evaluate_benchmarks(
                 **result.summary,
             }
     average = average_over_sets(values, n_resamples, seed, DEFAULT_CONFIDENCE)
-    if output is None:
-        base = root / "eval" if root is not None else model_dir.parent / "eval"
-        output = base / f"{SUITE_KIND}-{name}.json"
-    output = Path(output)
+    output = (
+        Path(output) if output is not None else default_eval_output(root, model_dir, f"{SUITE_KIND}-{name}")
+    )
     payload = {
         "kind": SUITE_KIND,
         "split": SUITE_KIND,
@@ -219,10 +210,7 @@ def evaluate_benchmarks(
         "benchmarks": per_set,
         "bootstrap": {"resamples": n_resamples, "seed": seed, "confidence": DEFAULT_CONFIDENCE},
     }
-    atomic_write_json(output, payload)
-    write_trajectories(
-        output.with_name(output.name[: -len(".json")] + ".trajectories.jsonl.gz"), trajectories
-    )
+    write_eval(output, payload, trajectories)
     return payload, output
 
 

@@ -575,10 +575,7 @@ def evaluate_run(
     `<same name>.trajectories.jsonl.gz`. Returns the result and the JSON path.
     """
     check_search_args(index_dir, corpus)
-    reader, root, config = open_run(run_dir)
-    model_dir, name = _resolve_model(reader, config, model, checkpoint)
-    if not model_dir.is_dir():
-        raise FileNotFoundError(f"{model_dir}: model folder not found")
+    reader, root, config, model_dir, name = open_eval_target(run_dir, model, checkpoint)
     if data_dir is None and reader is not None and reader.split_file(split) is not None:
         data_dir = reader.split_file(split)
         if not Path(data_dir).is_file():
@@ -630,6 +627,48 @@ def open_run(run_dir: str | Path | None) -> tuple[Any, Path | None, Any]:
     root = reader.require_run("searchrl eval") if reader is not None else None
     config = load_run_config(run_dir) if run_dir is not None else None
     return reader, root, config
+
+
+def open_eval_target(
+    run_dir: str | Path | None, model: str | Path | None, checkpoint: str | None
+) -> tuple[Any, Path | None, Any, Path, str]:
+    """(RunReader, run root, run config, model folder, checkpoint name) of an evaluation: `open_run`, then
+    `--model`, else the run's `checkpoint`; FileNotFoundError when that folder is missing."""
+    reader, root, config = open_run(run_dir)
+    model_dir, name = _resolve_model(reader, config, model, checkpoint)
+    if not model_dir.is_dir():
+        raise FileNotFoundError(f"{model_dir}: model folder not found")
+    return reader, root, config, model_dir, name
+
+
+def eval_setup(
+    reader: Any,
+    root: Path | None,
+    config: Any,
+    model_dir: Path,
+    env_config: Any = None,
+    generation_config: GenerationConfig | None = None,
+    rubric: Any = None,
+) -> tuple[Any, Any, Any, GenerationConfig, Any]:
+    """(policy, tokenizer, env config, generation config, rubric) of an evaluation: the model folder's policy,
+    and each setting as given, else what the run implies (`run_env_config`, `default_generation_config`, the
+    run's rubric)."""
+    policy, tokenizer = load_policy_for_eval(reader, config, model_dir)
+    env_cfg = env_config if env_config is not None else run_env_config(root, config)
+    gen_cfg = generation_config or default_generation_config(config, env_cfg)
+    return policy, tokenizer, env_cfg, gen_cfg, rubric if rubric is not None else _run_rubric(config)
+
+
+def default_eval_output(root: Path | None, model_dir: Path, stem: str) -> Path:
+    """`RUN/eval/<stem>.json`, or beside the model folder (`<model>/../eval/`) without a run."""
+    base = root / "eval" if root is not None else model_dir.parent / "eval"
+    return base / f"{stem}.json"
+
+
+def write_eval(output: Path, payload: dict[str, Any], trajectories: Sequence[Trajectory]) -> None:
+    """An evaluation's JSON and its trajectories beside it (`trajectories_path`), both written atomically."""
+    atomic_write_json(output, payload)
+    write_trajectories(trajectories_path(output), list(trajectories))
 
 
 @contextlib.contextmanager
@@ -691,25 +730,28 @@ def _evaluate_target(
 ) -> tuple[EvalResult, Path]:
     split = options.get("split")
     rows = load_qa(rows_path, limit=limit)
-    policy, tokenizer = load_policy_for_eval(reader, config, model_dir)
-    env_cfg = options["env_config"] if options["env_config"] is not None else run_env_config(root, config)
-    gen_cfg = options["generation_config"] or default_generation_config(config, env_cfg)
+    policy, tokenizer, env_cfg, gen_cfg, rubric = eval_setup(
+        reader,
+        root,
+        config,
+        model_dir,
+        options["env_config"],
+        options["generation_config"],
+        options["rubric"],
+    )
     result = evaluate_policy(
         policy,
         tokenizer,
         rows,
         lambda: SearchEnvironment(backend, env_cfg, tokenizer=tokenizer),
         gen_cfg,
-        rubric=options["rubric"] if options["rubric"] is not None else _run_rubric(config),
+        rubric=rubric,
         batch_size=options["batch_size"],
         seed=options["seed"],
         n_resamples=options["n_resamples"],
         generator_factory=options["generator_factory"],
     )
-    if output is None:
-        base = root / "eval" if root is not None else model_dir.parent / "eval"
-        output = base / f"{split}-{name}.json"
-    output = Path(output)
+    output = Path(output) if output is not None else default_eval_output(root, model_dir, f"{split}-{name}")
     step = 0 if name == "initial" else _step_of(name)
     payload = {
         "split": split,
@@ -725,10 +767,7 @@ def _evaluate_target(
         "env_config": dataclasses.asdict(env_cfg),
         **result.summary,
     }
-    atomic_write_json(output, payload)
-    write_trajectories(
-        output.with_name(output.name[: -len(".json")] + ".trajectories.jsonl.gz"), result.trajectories
-    )
+    write_eval(output, payload, result.trajectories)
     return result, output
 
 
