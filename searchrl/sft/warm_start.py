@@ -42,7 +42,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase, PrinterCallba
 from searchrl.common.config import ConfigError
 from searchrl.common.io import atomic_write_json
 from searchrl.common.trajectory import Trajectory, write_trajectories
-from searchrl.common.trl_args import cpu_safe_trainer_kwargs
+from searchrl.common.trl_args import cpu_safe_trainer_kwargs, schedule_kwargs
 from searchrl.env.environment import EnvConfig, SearchEnvironment
 from searchrl.env.protocol import parse_turn
 from searchrl.models.forward_patches import remove_trainer_forward_patches
@@ -268,20 +268,9 @@ def _sft_config(config: SFTWarmStartConfig, output_dir: str, num_examples: int =
         scheduler_kwargs = {"num_decay_steps": decay, "min_lr_ratio": 0.05, "decay_type": "linear"}
     return SFTConfig(
         output_dir=output_dir,
-        learning_rate=config.learning_rate,
-        num_train_epochs=config.num_train_epochs,
-        max_steps=config.max_steps,
-        per_device_train_batch_size=config.per_device_train_batch_size,
-        gradient_accumulation_steps=config.gradient_accumulation_steps,
-        warmup_steps=config.warmup_ratio,  # a float in [0, 1) is a share of the steps (transformers 5)
-        lr_scheduler_type=config.lr_scheduler_type,
+        **schedule_kwargs(config),
         lr_scheduler_kwargs=scheduler_kwargs,
-        weight_decay=config.weight_decay,
         max_grad_norm=config.max_grad_norm,
-        logging_steps=config.logging_steps,
-        seed=config.seed,
-        data_seed=config.seed,
-        activation_checkpointing=False,  # TRL defaults to on; pointless and slow for tiny models
         # Our examples are already ids + labels: no re-tokenising, no truncation, no label rebuilding.
         dataset_kwargs={"skip_prepare_dataset": True},
         max_length=None,
