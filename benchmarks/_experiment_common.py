@@ -274,12 +274,19 @@ def write_json(path: str | os.PathLike, payload: dict[str, Any]) -> None:
     atomic_write_json(path, clean_json(payload))
 
 
-def save_figure(fig: Any, path: str | os.PathLike) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp.png")
-    fig.savefig(tmp, dpi=110, bbox_inches="tight")
-    os.replace(tmp, path)
+def save_figure(fig: Any, path: str | os.PathLike, suptitle: str | None = None) -> None:
+    """Write the figure to `path` atomically and close it; `suptitle` goes above the panels, laid out to fit."""
+    try:
+        if suptitle is not None:
+            fig.tight_layout(rect=(0, 0, 1, 0.95))
+            fig.suptitle(suptitle, fontsize=11)
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp.png")
+        fig.savefig(tmp, dpi=110, bbox_inches="tight")
+        os.replace(tmp, path)
+    finally:
+        pyplot().close(fig)
 
 
 def pyplot() -> Any:

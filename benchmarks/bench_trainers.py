@@ -27,6 +27,7 @@ import json
 import os
 import platform
 import statistics
+import sys
 import tempfile
 import time
 import warnings
@@ -42,8 +43,7 @@ from transformers import TrainerCallback  # noqa: E402
 
 from searchrl.common.io import write_jsonl  # noqa: E402
 from searchrl.data.synthetic import generate, preset_config  # noqa: E402
-from searchrl.env.environment import EnvConfig, SearchEnvironment  # noqa: E402
-from searchrl.env.protocol import format_answer, format_tool_call  # noqa: E402
+from searchrl.env.environment import SearchEnvironment  # noqa: E402
 from searchrl.grpo.config import GRPORunConfig  # noqa: E402
 from searchrl.grpo.trainer import build_grpo_trainer, env_config_for  # noqa: E402
 from searchrl.models.tiny import (  # noqa: E402
@@ -57,9 +57,12 @@ from searchrl.models.tiny import (  # noqa: E402
 from searchrl.ppo.config import PPOConfig  # noqa: E402
 from searchrl.rewards.combine import default_rubric  # noqa: E402
 from searchrl.rollout.chat import render_conversation  # noqa: E402
-from searchrl.rollout.generator import GenerationConfig, HFGenerator, ScriptedPolicy  # noqa: E402
+from searchrl.rollout.generator import GenerationConfig  # noqa: E402
 from searchrl.search.index import build_index  # noqa: E402
 from searchrl.sections import with_sections_of  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the helpers beside this script
+from _scripted_warm_start import scripted_warm_start  # noqa: E402
 
 
 class StepTimer(TrainerCallback):
@@ -74,43 +77,6 @@ class StepTimer(TrainerCallback):
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.seconds.append(time.perf_counter() - self._t0)
-
-
-def warm_start(
-    policy: Any, tokenizer: Any, backend: Any, env_config: EnvConfig, rows: list[dict], steps: int
-) -> None:
-    """Supervised steps on the action tokens of expert episodes (search the question, answer with a cite)."""
-    turns = [
-        [
-            format_tool_call("search", {"query": r["question"]}),
-            format_answer(r["golds"][0], list(r.get("supporting_doc_ids", []))[:1]),
-        ]
-        for r in rows
-    ]
-    gen = HFGenerator(
-        policy,
-        tokenizer,
-        GenerationConfig(max_new_tokens_per_turn=64, max_episode_tokens=400),
-        forcing=ScriptedPolicy(tokenizer, turns),
-    )
-    trajs = gen.rollout(
-        [SearchEnvironment(backend, env_config, tokenizer=tokenizer) for _ in rows], rows
-    ).trajectories
-    width = max(len(t.input_ids) for t in trajs)
-    ids = torch.full((len(trajs), width), tokenizer.pad_token_id)
-    attention = torch.zeros_like(ids)
-    labels = torch.full_like(ids, -100)
-    for i, t in enumerate(trajs):
-        n = len(t.input_ids)
-        ids[i, :n] = torch.tensor(t.input_ids)
-        attention[i, :n] = 1
-        labels[i, :n] = torch.where(torch.tensor(t.action_mask).bool(), torch.tensor(t.input_ids), -100)
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-2)
-    policy.train()
-    for _ in range(steps):
-        policy(input_ids=ids, attention_mask=attention, labels=labels).loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
 
 
 def build_world(work: Path, args: argparse.Namespace) -> dict[str, Any]:
@@ -139,7 +105,15 @@ def build_world(work: Path, args: argparse.Namespace) -> dict[str, Any]:
                 intermediate_size=128,
             ),
         )
-        warm_start(policy, tokenizer, backend, env_config, rows, args.warm_steps)
+        scripted_warm_start(
+            policy,
+            tokenizer,
+            [SearchEnvironment(backend, env_config, tokenizer=tokenizer) for _ in rows],
+            rows,
+            GenerationConfig(max_new_tokens_per_turn=64, max_episode_tokens=400),
+            args.warm_steps,
+            lr=1e-2,
+        )
         policy_dir = work / "policy"
         policy.save_pretrained(policy_dir)
         tokenizer.save_pretrained(policy_dir)

@@ -39,6 +39,7 @@ import importlib.metadata
 import json
 import os
 import platform
+import sys
 import time
 import warnings
 from dataclasses import replace
@@ -54,7 +55,6 @@ warnings.filterwarnings("ignore")
 from searchrl.common.io import read_jsonl, write_jsonl  # noqa: E402
 from searchrl.data.synthetic import generate, preset_config  # noqa: E402
 from searchrl.env.environment import EnvConfig, SearchEnvironment  # noqa: E402
-from searchrl.env.protocol import format_answer, format_tool_call  # noqa: E402
 from searchrl.models.tiny import (  # noqa: E402
     TinyModelConfig,
     build_policy,
@@ -67,11 +67,13 @@ from searchrl.rollout.chat import render_conversation  # noqa: E402
 from searchrl.rollout.generator import (  # noqa: E402
     GenerationConfig,
     HFGenerator,
-    ScriptedPolicy,
     sampling_log_probs,
 )
 from searchrl.rollout.vllm_generator import HFTokenEngine, VLLMGenerator  # noqa: E402
 from searchrl.search.index import build_index, load_index  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the helpers beside this script
+from _scripted_warm_start import scripted_warm_start  # noqa: E402
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -144,7 +146,16 @@ def part_setup(args: argparse.Namespace, device: str) -> dict[str, Any]:
         ),
     ).to(device)
     world = {"backend": backend, "tok": tok, "rows": rows}
-    warm_start(policy, world, args)
+    scripted_warm_start(
+        policy,
+        tok,
+        envs_for(world, args, len(rows)),
+        rows,
+        gen_config(args, max_new_tokens_per_turn=96),
+        args.warm_steps,
+        lr=args.warm_lr,
+    )
+    policy.eval()
     policy.save_pretrained(work / "policy")
     tok.save_pretrained(work / "policy")
     # How often the warm policy searches in its first turn when it samples freely.
@@ -159,40 +170,6 @@ def part_setup(args: argparse.Namespace, device: str) -> dict[str, Any]:
         "warm_searches_per_episode": batch.stats["tools/calls_per_episode"],
         "warm_termination_answered": batch.stats.get("termination/answered", 0.0),
     }
-
-
-def warm_start(policy: Any, world: dict[str, Any], args: argparse.Namespace) -> None:
-    """Supervised steps on the action tokens of scripted expert episodes run through the real engine."""
-    tok, rows = world["tok"], world["rows"]
-    turns = [
-        [
-            format_tool_call("search", {"query": r["question"]}),
-            format_answer(r["golds"][0], list(r.get("supporting_doc_ids", []))[:1]),
-        ]
-        for r in rows
-    ]
-    gen = HFGenerator(
-        policy, tok, gen_config(args, max_new_tokens_per_turn=96), forcing=ScriptedPolicy(tok, turns)
-    )
-    trajs = gen.rollout(envs_for(world, args, len(rows)), rows).trajectories
-    width = max(len(t.input_ids) for t in trajs)
-    device = next(policy.parameters()).device
-    ids = torch.full((len(trajs), width), tok.pad_token_id)
-    attention = torch.zeros_like(ids)
-    labels = torch.full_like(ids, -100)
-    for i, t in enumerate(trajs):
-        n = len(t.input_ids)
-        ids[i, :n] = torch.tensor(t.input_ids)
-        attention[i, :n] = 1
-        labels[i, :n] = torch.where(torch.tensor(t.action_mask).bool(), torch.tensor(t.input_ids), -100)
-    ids, attention, labels = ids.to(device), attention.to(device), labels.to(device)
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=args.warm_lr)
-    policy.train()
-    for _ in range(args.warm_steps):
-        policy(input_ids=ids, attention_mask=attention, labels=labels).loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-    policy.eval()
 
 
 # -------------------------------------------------------------------------------------------------

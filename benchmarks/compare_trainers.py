@@ -193,10 +193,7 @@ def plot(results: dict[str, dict[str, Any]], path: Path, budget: str) -> None:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.suptitle(f"PPO against GRPO from one SFT warm start, {budget}")
-    try:
-        save_figure(fig, path)
-    finally:
-        plt.close(fig)
+    save_figure(fig, path)
 
 
 def torch_threads() -> int:

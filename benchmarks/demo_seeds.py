@@ -109,7 +109,6 @@ def plot(seeds: list[dict[str, Any]], path: Path) -> None:
     bars.set(ylabel="hidden-test exact match (95% CI)", title="SFT warm start → PPO, per seed", ylim=(0, 1))
     bars.legend()
     save_figure(fig, path)
-    plt.close(fig)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -222,14 +222,11 @@ def plot(payload: dict[str, Any], path: str | Path) -> None:
         ax.xaxis.get_major_locator().set_params(integer=True)
         ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=8)
-    fig.tight_layout(rect=(0, 0, 1, 0.95))
-    fig.suptitle(
+    title = (
         f"KL coefficient sweep: {payload['steps']} PPO steps x {payload['batch_size']} episodes, "
-        f"seed {payload['seed']}, {payload['evaluation']['questions']} test questions",
-        fontsize=11,
+        f"seed {payload['seed']}, {payload['evaluation']['questions']} test questions"
     )
-    save_figure(fig, path)
-    plt.close(fig)
+    save_figure(fig, path, suptitle=title)
 
 
 # ---------------------------------------------------------------------------------------------------

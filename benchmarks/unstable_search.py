@@ -475,14 +475,11 @@ def plot(payload: dict[str, Any], path: str | Path) -> None:
         a.set_xlabel("PPO step")
         a.xaxis.get_major_locator().set_params(integer=True)
     f = payload["fault_injection"]
-    fig.tight_layout(rect=(0, 0, 1, 0.95))
-    fig.suptitle(
+    title = (
         f"PPO under a noisy backend ({f['fault_rate']:.0%} of queries dropped/shuffled, errors {f['error_rate']:g} "
-        f"+ timeouts {f['timeout_rate']:g} per call): cache off vs replay",
-        fontsize=11,
+        f"+ timeouts {f['timeout_rate']:g} per call): cache off vs replay"
     )
-    save_figure(fig, path)
-    plt.close(fig)
+    save_figure(fig, path, suptitle=title)
 
 
 # ---------------------------------------------------------------------------------------------------

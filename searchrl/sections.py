@@ -329,7 +329,7 @@ class SearchSection(Section):
     def open_backend(self, read_timeout: float = 30.0) -> Backend:
         """The search engine these settings name, through the one opener, `searchrl.search.index.open_backend`
         (which also builds a missing index from `corpus_path`, and says how to make one when there is none)."""
-        from searchrl.search.index import open_backend
+        from searchrl.search.index import open_backend  # bm25s and numba: when a backend is opened
 
         return open_backend(self.search_config(read_timeout))
 

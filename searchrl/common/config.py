@@ -16,6 +16,8 @@ from typing import Any, TypeVar
 
 import yaml
 
+from searchrl.common.io import atomic_write_text
+
 T = TypeVar("T")
 
 
@@ -220,6 +222,4 @@ def config_to_dict(cfg: Any) -> dict:
 
 
 def save_config(cfg: Any, path: str | Path) -> None:
-    from searchrl.common.io import atomic_write_text
-
     atomic_write_text(path, yaml.safe_dump(config_to_dict(cfg), sort_keys=False))

@@ -39,7 +39,11 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
 
+import yaml
+
+from searchrl.common.config import load_config
 from searchrl.common.io import append_jsonl, atomic_write_json, atomic_write_text
+from searchrl.common.trajectory import write_trajectories
 
 TRACKED_PACKAGES = (
     "torch",
@@ -198,8 +202,6 @@ class RunDir:
 
     def write_step_trajectories(self, step: int, trajectories: Sequence[Any]) -> Path:
         """`trajectories/step-00000N.jsonl.gz`: the episodes a training step learned from."""
-        from searchrl.common.trajectory import write_trajectories
-
         path = self.step_trajectories(step)
         write_trajectories(path, list(trajectories))
         return path
@@ -501,8 +503,6 @@ def _read_json(path: Path) -> dict[str, Any] | None:
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
-    import yaml
-
     if not path.is_file():
         return {}
     try:
@@ -716,8 +716,6 @@ class RunReader:
     @cached_property
     def config(self) -> Any:
         """The run's `config.yaml` loaded as its trainer's config class; None when the run has none."""
-        from searchrl.common.config import load_config
-
         if self.config_path is None:
             return None
         return load_config(self.config_class(), self.config_path)

@@ -12,7 +12,9 @@ import typer
 import yaml
 
 from searchrl.common.config import ConfigError, config_from_dict
+from searchrl.data.convert import FORMATS, ConvertError, convert
 from searchrl.data.datasets import DatasetError, load_qa
+from searchrl.data.realqa import CORPUS_FORMATS, build_realqa
 from searchrl.data.synthetic import SIZE_PRESETS, SynthConfig, generate
 
 data_app = typer.Typer(
@@ -130,8 +132,6 @@ def realqa(
     SQuAD is split by article, HotpotQA by question, so no test question is seen in training.
     All splits share the corpus of paragraphs; nothing is downloaded.
     """
-    from searchrl.data.realqa import CORPUS_FORMATS, build_realqa
-
     if source not in ("hotpotqa", "squad", "both"):
         raise typer.BadParameter(
             f"unknown source {source!r}; choose hotpotqa, squad or both", param_hint="--source"
@@ -230,8 +230,6 @@ def convert_command(
 
     searchrl data convert --from flashrag --to search-r1 nq/train.jsonl hotpotqa/train.jsonl train.parquet
     """
-    from searchrl.data.convert import FORMATS, ConvertError, convert
-
     if len(paths) < 2:
         raise typer.BadParameter("give at least one input file and then the output file: IN [IN ...] OUT")
     for name, value in (("--from", source), ("--to", target)):

@@ -49,7 +49,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from searchrl.data.datasets import DatasetError, load_qa, normalize_qa_row
+from searchrl.common.io import write_jsonl
+from searchrl.data.benchmarks import BENCHMARKS
+from searchrl.data.datasets import DatasetError, jsonl_rows, load_qa, normalize_qa_row
 
 FORMATS: tuple[str, ...] = ("searchrl", "search-r1", "flashrag")
 # The dataset names Search-R1's reward routing knows (its qa_em scorer); other names need its code changed.
@@ -128,7 +130,7 @@ def read_flashrag(path: str | Path, limit: int | None = None) -> list[dict[str, 
             f"{path}: file not found; pass a FlashRAG .jsonl file (id, question, golden_answers)"
         )
     rows: list[dict[str, Any]] = []
-    for where, raw in _jsonl(path):
+    for where, raw in jsonl_rows(path, ConvertError):
         if not isinstance(raw, dict):
             raise ConvertError(f"{where}: expected a JSON object, got {type(raw).__name__}")
         if "golden_answers" not in raw:
@@ -158,22 +160,6 @@ def read_flashrag(path: str | Path, limit: int | None = None) -> list[dict[str, 
     if not rows:
         raise ConvertError(f"{path}: no rows; a FlashRAG file has one JSON object per line")
     return rows
-
-
-def _jsonl(path: Path):
-    import gzip
-
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                yield f"{path}: line {lineno}", json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ConvertError(
-                    f"{path}: line {lineno}: not valid JSON ({e.msg}); one object per line"
-                ) from e
 
 
 def _question_from_prompt(prompt: Any) -> str | None:
@@ -288,8 +274,6 @@ def search_r1_question(question: str) -> str:
 
 def write_searchrl(rows: Sequence[dict[str, Any]], path: str | Path) -> Path:
     """Our JSONL (`.jsonl` or `.jsonl.gz`), one row per line, written atomically."""
-    from searchrl.common.io import write_jsonl
-
     path = Path(path)
     _require_suffix(path, (".jsonl", ".jsonl.gz"), "searchrl")
     write_jsonl(path, rows)
@@ -310,8 +294,6 @@ def flashrag_row(row: dict[str, Any]) -> dict[str, Any]:
 
 def write_flashrag(rows: Sequence[dict[str, Any]], path: str | Path) -> Path:
     """FlashRAG JSONL (`id`, `question`, `golden_answers`, `metadata`), written atomically."""
-    from searchrl.common.io import write_jsonl
-
     path = Path(path)
     _require_suffix(path, (".jsonl", ".jsonl.gz"), "flashrag")
     write_jsonl(path, [flashrag_row(r) for r in rows])
@@ -500,8 +482,6 @@ def _write_by_source(
     default_split: str,
     template: str,
 ) -> list[Path]:
-    from searchrl.evaluation.benchmarks import BENCHMARKS
-
     if output.suffix in (".jsonl", ".parquet", ".gz", ".json"):
         raise ConvertError(f"{output}: with --by-source the output is a folder (one sub-folder per dataset)")
     groups: dict[str, list[dict[str, Any]]] = {}

@@ -94,7 +94,9 @@ def normalize_qa_row(row: Any, where: str, default_id: str) -> dict[str, Any]:
     return out
 
 
-def _jsonl_rows(path: Path) -> Iterator[tuple[str, Any]]:
+def jsonl_rows(path: Path, error: type[DatasetError] = DatasetError) -> Iterator[tuple[str, Any]]:
+    """`(where, value)` for each non-blank line of a `.jsonl` / `.jsonl.gz` file, `where` naming the file and
+    line; a line that is not JSON raises `error` (a DatasetError) saying so."""
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rt", encoding="utf-8") as f:
         for lineno, line in enumerate(f, start=1):
@@ -103,7 +105,7 @@ def _jsonl_rows(path: Path) -> Iterator[tuple[str, Any]]:
             try:
                 yield f"{path}: line {lineno}", json.loads(line)
             except json.JSONDecodeError as e:
-                raise DatasetError(
+                raise error(
                     f"{path}: line {lineno}: not valid JSON ({e.msg}); one JSON object per line"
                 ) from e
 
@@ -140,7 +142,7 @@ def load_qa(path: str | Path, limit: int | None = None) -> list[dict[str, Any]]:
     if not path.exists():
         raise DatasetError(f"{path}: file not found")
     kind = _file_kind(path)
-    rows_iter = _jsonl_rows(path) if kind == "jsonl" else _hf_rows(path, kind)
+    rows_iter = jsonl_rows(path) if kind == "jsonl" else _hf_rows(path, kind)
     rows: list[dict[str, Any]] = []
     for where, raw in rows_iter:
         rows.append(normalize_qa_row(raw, where, default_id=f"{path.stem.split('.')[0]}-{len(rows):06d}"))

@@ -339,16 +339,7 @@ def hotpotqa_from_items(items: Any, where: str = "<hotpotqa>") -> RealQASource:
 
 def load_hotpotqa(path: str | Path) -> RealQASource:
     """Read a HotpotQA file (official JSON list; distractor or gold-paragraph setting)."""
-    path = Path(path)
-    obj, sha = _read_json(path)
-    parsed = hotpotqa_from_items(obj, str(path))
-    return RealQASource(
-        "hotpotqa",
-        parsed.documents,
-        parsed.questions,
-        [{"name": path.name, "sha256": sha}],
-        parsed.paragraph_slots,
-    )
+    return _source_of_file("hotpotqa", Path(path))
 
 
 # -- SQuAD v1.1 ------------------------------------------------------------------------------------------
@@ -437,19 +428,21 @@ def squad_from_object(obj: Any, where: str = "<squad>") -> RealQASource:
 
 def load_squad(path: str | Path) -> RealQASource:
     """Read a SQuAD v1.1 file (official JSON; v2.0 files load too, but unanswerable questions fail)."""
-    path = Path(path)
-    obj, sha = _read_json(path)
-    parsed = squad_from_object(obj, str(path))
-    return RealQASource(
-        "squad",
-        parsed.documents,
-        parsed.questions,
-        [{"name": path.name, "sha256": sha}],
-        parsed.paragraph_slots,
-    )
+    return _source_of_file("squad", Path(path))
 
 
 # -- several files, default files ------------------------------------------------------------------------
+
+
+def _source_of_file(kind: str, path: Path, read: tuple[Any, str] | None = None) -> RealQASource:
+    """One file parsed as `kind` ('hotpotqa' or 'squad'), with its name and sha256; `read` is what
+    `_read_json(path)` returned, when the caller has read it already."""
+    obj, sha = read if read is not None else _read_json(path)
+    parse = hotpotqa_from_items if kind == "hotpotqa" else squad_from_object
+    parsed = parse(obj, str(path))
+    return RealQASource(
+        kind, parsed.documents, parsed.questions, [{"name": path.name, "sha256": sha}], parsed.paragraph_slots
+    )
 
 
 def shipped_file(source: str) -> Path:
@@ -511,13 +504,7 @@ def load_sources(source: str = "both", files: Iterable[str | Path] | None = None
                 f"{path}: the top level is a JSON {_top_kind(obj)}, which is neither HotpotQA (a list of "
                 f"questions) nor SQuAD (an object with 'data'); {HOTPOT_NEEDS}; {SQUAD_NEEDS}"
             )
-        parsed = (
-            hotpotqa_from_items(obj, str(path)) if kind == "hotpotqa" else squad_from_object(obj, str(path))
-        )
-        files_meta = [{"name": path.name, "sha256": sha}]
-        parts[kind].append(
-            RealQASource(kind, parsed.documents, parsed.questions, files_meta, parsed.paragraph_slots)
-        )
+        parts[kind].append(_source_of_file(kind, path, (obj, sha)))
     missing = [s for s in wanted if not parts[s]]
     if missing:
         raise DatasetError(

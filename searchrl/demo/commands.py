@@ -6,9 +6,14 @@ loop instead: SmolLM2-135M-Instruct on HotpotQA and SQuAD (`searchrl.demo.real`)
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from pathlib import Path
+from typing import Any
 
 import typer
+
+from searchrl.common.config import ConfigError, load_config
 
 
 def register(app: typer.Typer) -> None:
@@ -41,9 +46,7 @@ def register(app: typer.Typer) -> None:
         ),
     ) -> None:
         """Run the offline demo: synthesise the task, index it, build and warm-start the tiny model, PPO, evaluate."""
-        import json
-
-        from searchrl.common.config import load_config
+        # Every stage's libraries (torch, trl, bm25s, ...): loaded when the demo runs, not for --help.
         from searchrl.demo.pipeline import DemoConfig, run_demo, smoke_config
         from searchrl.demo.real import is_real_demo_yaml
 
@@ -58,19 +61,7 @@ def register(app: typer.Typer) -> None:
             cfg = smoke_config()
         else:
             cfg = DemoConfig()
-        overrides = {}
-        if out is not None:
-            overrides["out_dir"] = out
-        if seed is not None:
-            overrides["seed"] = seed
-        if quiet:
-            overrides["progress_bar"] = False
-        if compare_grpo:
-            overrides["compare_grpo"] = True
-        if overrides:
-            import dataclasses
-
-            cfg = dataclasses.replace(cfg, **overrides)
+        cfg = _with_options(cfg, out, seed, quiet, compare_grpo=True if compare_grpo else None)
         summary = run_demo(cfg)
         headline = {
             "sft.test.exact_match": summary["sft"]["test"]["exact_match"],
@@ -89,13 +80,17 @@ def register(app: typer.Typer) -> None:
         )
 
 
+def _with_options(cfg: Any, out: str | None, seed: int | None, quiet: bool, **more: Any) -> Any:
+    """A demo config with what the command line set on top: --out, --seed, --quiet (no progress bar) and
+    any of `more` that is not None."""
+    options = {"out_dir": out, "seed": seed, "progress_bar": False if quiet else None, **more}
+    given = {key: value for key, value in options.items() if value is not None}
+    return dataclasses.replace(cfg, **given) if given else cfg
+
+
 def _run_real(config: Path | None, smoke: bool, out: str | None, seed: int | None, quiet: bool) -> None:
     """The real loop (`searchrl.demo.real`): load or build its config, run it, print the headline JSON."""
-    import dataclasses
-    import json
-
-    from searchrl.common.config import ConfigError, load_config
-    from searchrl.demo.real import RealDemoConfig, run_real_demo, toy_real_config
+    from searchrl.demo.real import RealDemoConfig, run_real_demo, toy_real_config  # torch, trl, peft, bm25s
 
     if config is not None:
         try:
@@ -107,15 +102,7 @@ def _run_real(config: Path | None, smoke: bool, out: str | None, seed: int | Non
         cfg.progress_bar = True
     else:
         cfg = RealDemoConfig()
-    overrides: dict = {}
-    if out is not None:
-        overrides["out_dir"] = out
-    if seed is not None:
-        overrides["seed"] = seed
-    if quiet:
-        overrides["progress_bar"] = False
-    if overrides:
-        cfg = dataclasses.replace(cfg, **overrides)
+    cfg = _with_options(cfg, out, seed, quiet)
     summary = run_real_demo(cfg)
     headline = {
         **{f"{name}.test.exact_match": b["test"]["exact_match"] for name, b in summary["baselines"].items()},

@@ -54,6 +54,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from rich.console import Console
 
 from searchrl.common.config import ConfigError, save_config
 from searchrl.common.io import atomic_write_json, write_jsonl
@@ -62,6 +63,9 @@ from searchrl.common.trajectory import write_trajectories
 from searchrl.data.synthetic import SIZE_PRESETS, generate, practice_world, preset_config
 from searchrl.env.environment import SearchEnvironment
 from searchrl.evaluation import HEADLINE_METRICS
+from searchrl.evaluation.evaluate import evaluate_with_ppo_limits
+from searchrl.evaluation.report import write_report
+from searchrl.grpo.warm_start import final_policy_dir, train_grpo_from_warm_start
 from searchrl.models.tiny import (
     TinyModelConfig,
     build_policy,
@@ -70,6 +74,8 @@ from searchrl.models.tiny import (
     train_tokenizer,
 )
 from searchrl.ppo.config import PPOConfig, PPOSection
+from searchrl.ppo.trainer import PPOTrainer
+from searchrl.rewards.combine import default_rubric
 from searchrl.search.index import build_index
 from searchrl.sections import EnvironmentSection, GenerationSection, with_sections_of
 from searchrl.sft.expert import ExpertConfig, ExpertPolicy
@@ -284,7 +290,6 @@ class StageClock:
     def __init__(self, show: bool):
         self.show = show
         self.timings: dict[str, float] = {}
-        from rich.console import Console
 
         self.console = Console(stderr=True)
 
@@ -307,8 +312,6 @@ def peak_rss_mb() -> float:
 
 
 def _eval_split(policy, tok, rows, env_factory, cfg: DemoConfig, rubric) -> tuple[dict, list]:
-    from searchrl.evaluation.evaluate import evaluate_with_ppo_limits
-
     stage = cfg.ppo_config()
     result = evaluate_with_ppo_limits(policy, tok, rows, env_factory, stage, rubric=rubric, seed=cfg.seed)
     return result.summary, result.trajectories
@@ -424,9 +427,6 @@ def prepare_world(cfg: DemoConfig, out: Path, clock: StageClock) -> DemoWorld:
 
 def run_demo(cfg: DemoConfig) -> dict[str, Any]:
     """Run every stage; returns the summary written to `<out_dir>/summary.json`."""
-    from searchrl.ppo.trainer import PPOTrainer
-    from searchrl.rewards.combine import default_rubric
-
     check_demo_config(cfg)
     t_start = time.perf_counter()
     torch.set_num_threads(cfg.num_threads)
@@ -544,8 +544,6 @@ GRPO_LABELS = {"trl_loop": "GRPO (TRL loop)", "our_rollout": "GRPO (our rollout)
 
 def _train_grpo(mode, sft_dir, tok, train_rows, dev_rows, backend, rubric, out, ppo_args) -> Path:
     """GRPO from the SFT directory with every section it shares with PPO taken from the PPO stage."""
-    from searchrl.grpo.warm_start import final_policy_dir, train_grpo_from_warm_start
-
     # transformers prints its end-of-training metrics dict on stdout; the demo's stdout is its JSON headline.
     with contextlib.redirect_stdout(sys.stderr):
         run_dir = train_grpo_from_warm_start(
@@ -564,6 +562,4 @@ def _train_grpo(mode, sft_dir, tok, train_rows, dev_rows, backend, rubric, out, 
 
 
 def _write_report(out: Path, summary: dict, compare: dict[str, Path] | None = None) -> None:
-    from searchrl.evaluation.report import write_report
-
     write_report(out / "ppo", out=out / "report.html", summary=summary, compare=compare)

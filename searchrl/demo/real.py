@@ -48,19 +48,29 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
+import yaml
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from searchrl.common.config import ConfigError, save_config
 from searchrl.common.io import atomic_write_json, read_jsonl
+from searchrl.common.run import build_manifest
 from searchrl.common.trajectory import Trajectory, write_trajectories
+from searchrl.data.realqa import RealQATask, build_realqa
 from searchrl.demo.pipeline import FindsNothing, StageClock, peak_rss_mb, stage_ppo_config
 from searchrl.env.environment import SearchEnvironment
 from searchrl.env.protocol import ANSWER_OPEN, format_search_r1_call, format_tool_call
 from searchrl.evaluation import HEADLINE_METRICS
+from searchrl.evaluation.evaluate import evaluate_policy, generation_config_from_ppo, summarise
+from searchrl.models.gguf import MANIFEST_NAME, import_gguf
+from searchrl.models.tiny import load_policy, load_tokenizer
 from searchrl.ppo.config import PPOConfig, PPOSection
+from searchrl.ppo.trainer import PPOTrainer
+from searchrl.rewards.combine import default_rubric
 from searchrl.rollout.generator import GenerationConfig, HFGenerator, RolloutBatch
+from searchrl.search.index import build_index
 from searchrl.sections import EnvironmentSection, GenerationSection
 from searchrl.sft.real_expert import RealExpert, RealExpertConfig, question_query
-from searchrl.sft.warm_start import SFTWarmStartConfig
+from searchrl.sft.warm_start import SFTWarmStartConfig, run_sft
 
 REAL_KIND = "real"
 BASELINES: tuple[str, ...] = ("closed_book", "naive_rag", "zero_shot")
@@ -345,8 +355,6 @@ def toy_real_config(out_dir: str, model_dir: str | None = None, seed: int = 0) -
 
 def is_real_demo_yaml(path: str | Path) -> bool:
     """True when a demo YAML asks for the real loop (a top-level `kind: real`)."""
-    import yaml
-
     try:
         data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
     except (OSError, yaml.YAMLError):
@@ -470,7 +478,6 @@ class RealStageClock(StageClock):
         """Like `run`, with a bar instead of a spinner: `fn(advance)` calls `advance(n)` as it goes."""
         if not self.show:
             return self.run(name, lambda: fn(lambda _n: None))
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
         bar = Progress(
             TextColumn(f"[bold]{name:<10}"),
@@ -523,8 +530,6 @@ def _cap(rows: list[dict[str, Any]], caps: dict[str, int]) -> list[dict[str, Any
 
 def build_real_data(cfg: RealDemoConfig, out: Path) -> Any:
     """`searchrl.data.realqa` for `cfg.source`, each split capped per source, written to `out`."""
-    from searchrl.data.realqa import RealQATask, build_realqa
-
     task = build_realqa(
         cfg.source, seed=cfg.seed, dev_fraction=cfg.dev_fraction, test_fraction=cfg.test_fraction
     )
@@ -548,8 +553,6 @@ def build_real_data(cfg: RealDemoConfig, out: Path) -> Any:
 
 
 def _complete_import(path: Path) -> bool:
-    from searchrl.models.gguf import MANIFEST_NAME
-
     return all(
         (path / name).is_file()
         for name in ("config.json", "model.safetensors", "tokenizer.json", MANIFEST_NAME)
@@ -572,7 +575,6 @@ def import_base(
     base = out / "base"
     if _complete_import(base):
         return base, False
-    from searchrl.models.gguf import import_gguf
 
     import_gguf(base, gguf=cfg.gguf, overwrite=True, progress=progress)
     return base, True
@@ -630,8 +632,6 @@ def _evaluate(
     advance: Callable[[int], None],
 ) -> tuple[dict[str, Any], list[Trajectory]]:
     """Greedy, the PPO stage's limits, in batches (one progress step each); summary with bootstrap CIs."""
-    from searchrl.evaluation.evaluate import evaluate_policy, generation_config_from_ppo, summarise
-
     gen_cfg = dataclasses.replace(generation_config_from_ppo(cfg.ppo_config()), seed=cfg.seed)
     factory = real_generator_factory(cfg.bf16_rollouts, baseline, cfg.expert.max_query_chars)
     trajs: list[Trajectory] = []
@@ -721,11 +721,6 @@ def check_real_config(cfg: RealDemoConfig) -> None:
 
 def run_real_demo(cfg: RealDemoConfig) -> dict[str, Any]:
     """Run every stage (module docstring); returns the summary written to `<out_dir>/summary.json`."""
-    from searchrl.models.tiny import load_policy, load_tokenizer
-    from searchrl.ppo.trainer import PPOTrainer
-    from searchrl.rewards.combine import default_rubric
-    from searchrl.search.index import build_index
-
     check_real_config(cfg)
     t_start, cpu_start = time.perf_counter(), _cpu_seconds()
     load_start = os.getloadavg()
@@ -750,9 +745,8 @@ def run_real_demo(cfg: RealDemoConfig) -> dict[str, Any]:
 
     backend = clock.run("index", make_index)
     tok = load_tokenizer(base_dir)
-    env_config = (
-        cfg.environment.env_config()
-    )  # one environment for demonstrations, training and every evaluation
+    # One environment for demonstrations, training and every evaluation.
+    env_config = cfg.environment.env_config()
 
     def env_factory() -> SearchEnvironment:
         return SearchEnvironment(backend, env_config, tokenizer=tok)
@@ -787,8 +781,6 @@ def run_real_demo(cfg: RealDemoConfig) -> dict[str, Any]:
 
     # 5. expert demonstrations --------------------------------------------------------------------------------------
     def make_demos(advance: Callable[[int], None]) -> list[Trajectory]:
-        from searchrl.evaluation.evaluate import generation_config_from_ppo
-
         expert = RealExpert(cfg.expert)
         gen = generation_config_from_ppo(cfg.ppo_config())
         demos: list[Trajectory] = []
@@ -919,8 +911,6 @@ def _run_sft(
     advance: Callable[[int], None],
 ) -> tuple[Any, dict[str, Any]]:
     """SFT with LoRA (adapter merged into the weights afterwards) or a full fine-tune; (policy, facts)."""
-    from searchrl.sft.warm_start import run_sft
-
     sft_logger = logging.getLogger("searchrl.sft")
     handler = _SFTProgress(advance)
     level = sft_logger.level
@@ -978,8 +968,6 @@ def _summary(
     kept: list[Trajectory],
     fingerprint: str | None = None,
 ) -> dict[str, Any]:
-    from searchrl.common.run import build_manifest
-
     steps = [m for m in ppo_metrics if m.get("step", 0) >= 1 and "objective/kl" in m]
     kl = [float(m["objective/kl"]) for m in steps]
     sft_test, ppo_test = _headline(sft_summary), _headline(ppo_summary)

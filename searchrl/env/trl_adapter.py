@@ -117,9 +117,7 @@ def make_environment_factory(
 
 def _open_backend(backend_or_index_dir: Backend | str | os.PathLike) -> Backend:
     if isinstance(backend_or_index_dir, str | os.PathLike):
-        from searchrl.search.index import (
-            open_backend,
-        )  # the search room's one opener; imported only when needed
+        from searchrl.search.index import open_backend  # bm25s and numba: only for an index path
 
         return open_backend(backend_or_index_dir)
     if not callable(getattr(backend_or_index_dir, "search", None)):

@@ -34,17 +34,17 @@ import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
+import yaml
 
+from searchrl.common.io import read_jsonl
+from searchrl.common.run import RunReader
 from searchrl.common.trajectory import Trajectory, read_trajectories
 from searchrl.rewards.citation import classify_citations
 from searchrl.rewards.qa import contains_answer, exact_match, f1_score, normalize_answer
 from searchrl.rewards.shaping import is_well_formed
-
-if TYPE_CHECKING:
-    from searchrl.common.run import RunReader
 
 VERDICTS = ("pass", "warn", "fail", "skipped")
 _SEVERITY = {"skipped": 0, "pass": 1, "warn": 2, "fail": 3}
@@ -673,16 +673,12 @@ def eval_history(run_dir: str | Path, split: str | None = None, window: int = 3)
 
 def run_trajectory_files(run_dir: str | Path, last_steps: int | None = 10) -> list[Path]:
     """`RUN/trajectories/*.jsonl.gz` in step order; only the last `last_steps` (None or 0: all)."""
-    from searchrl.common.run import RunReader
-
     sources = [s for s in RunReader(run_dir).trajectory_sources() if s.id == "train"]
     files = sources[0].files() if sources else []
     return files[-last_steps:] if last_steps else files
 
 
 def _reward_config_of(reader: RunReader) -> dict[str, Any] | None:
-    import yaml
-
     reward_path = reader.raw_config.get("reward_config_path")
     if not reward_path or not Path(reward_path).exists():
         return None
@@ -698,7 +694,6 @@ def _fill_hops(trajs: Sequence[Trajectory], reader: RunReader) -> None:
     missing = [t for t in trajs if t.metadata.get("hops") is None]
     if not missing:
         return
-    from searchrl.common.io import read_jsonl
 
     hops: dict[str, Any] = {}
     for path in reader.question_files():
@@ -731,8 +726,6 @@ def audit_run(
     no evaluations). Raises `RunTargetError` (a ValueError naming what is valid) for another path and
     FileNotFoundError for a missing `trajectory_files` entry or a run with nothing to audit.
     """
-    from searchrl.common.run import RunReader
-
     reader = RunReader(run_dir)
     th = thresholds or Thresholds()
     root = reader.root

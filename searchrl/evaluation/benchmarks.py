@@ -25,133 +25,40 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from searchrl.data.benchmarks import (
+    BENCHMARKS,
+    SEARCH_R1_PAPER_EM,
+    Benchmark,
+    BenchmarkFile,
+    benchmark_by_name,
+    find_benchmark_files,
+)
+from searchrl.data.convert import search_r1_question
+from searchrl.data.datasets import load_qa
+from searchrl.env.environment import SearchEnvironment
 from searchrl.evaluation.evaluate import (
     DEFAULT_BOOTSTRAP,
     DEFAULT_CONFIDENCE,
     GeneratorFactory,
-    _resolve_model,
-    _run_rubric,
     _step_of,
     check_search_args,
-    default_generation_config,
+    default_eval_output,
+    eval_setup,
     evaluate_policy,
-    load_policy_for_eval,
-    open_run,
-    run_env_config,
+    open_eval_target,
     search_for_eval,
     trajectory_values,
+    write_eval,
 )
 
 # The metrics of the table: exact match (the paper's metric), F1 and searches per question.
 SUITE_METRICS: tuple[str, ...] = ("exact_match", "f1", "searches_per_question")
 SUITE_KIND = "benchmarks"
-
-
-@dataclass(frozen=True)
-class Benchmark:
-    """One of Search-R1's evaluation sets: its folder name, its column label and the split the paper used."""
-
-    name: str
-    label: str
-    search_r1_split: str
-    in_domain: bool = False  # trained on (NQ, HotpotQA train), marked with a dagger in the paper
-    aliases: tuple[str, ...] = ()
-
-
-# Search-R1's column order (Tables 2 and 3).
-BENCHMARKS: tuple[Benchmark, ...] = (
-    Benchmark("nq", "NQ", "test", in_domain=True, aliases=("natural_questions",)),
-    Benchmark("triviaqa", "TriviaQA", "test", aliases=("tqa", "trivia_qa")),
-    Benchmark("popqa", "PopQA", "test"),
-    Benchmark("hotpotqa", "HotpotQA", "dev", in_domain=True, aliases=("hotpot_qa",)),
-    Benchmark("2wikimultihopqa", "2WikiMultiHopQA", "dev", aliases=("2wiki", "2wikimqa")),
-    Benchmark("musique", "Musique", "dev"),
-    Benchmark("bamboogle", "Bamboogle", "test"),
-)
-SPLIT_ORDER = ("test", "dev")
-
-# Search-R1's published exact match (arXiv 2503.09516 v5, Tables 2-3, as reprinted in LLDS arXiv 2512.04220 and
-# corroborated by several reproductions; see docs/search_r1.md): per set in BENCHMARKS order, then the average.
-# Comparable only within one setup: wiki-18, e5 top-3, trained on NQ + HotpotQA, the paper's prompt.
-SEARCH_R1_PAPER_EM: tuple[tuple[str, tuple[float, ...], float], ...] = (
-    ("Qwen2.5-7B-Base PPO", (0.480, 0.638, 0.457, 0.433, 0.382, 0.196, 0.432), 0.431),
-    ("Qwen2.5-7B-Base GRPO", (0.395, 0.560, 0.388, 0.326, 0.297, 0.125, 0.360), 0.350),
-    ("Qwen2.5-3B-Base PPO", (0.406, 0.587, 0.435, 0.284, 0.273, 0.049, 0.088), 0.303),
-    ("Qwen2.5-3B-Base GRPO", (0.421, 0.583, 0.413, 0.297, 0.274, 0.066, 0.128), 0.312),
-    ("Qwen2.5-7B RAG (no RL)", (0.349, 0.585, 0.392, 0.299, 0.235, 0.058, 0.208), 0.304),
-)
-
-
-def benchmark_by_name(name: str) -> Benchmark:
-    """A set by its name or an alias (case-insensitive); a ValueError lists the names."""
-    key = name.strip().lower()
-    for b in BENCHMARKS:
-        if key == b.name or key in b.aliases or key == b.label.lower():
-            return b
-    raise ValueError(f"unknown benchmark {name!r}; the sets are {', '.join(b.name for b in BENCHMARKS)}")
-
-
-@dataclass
-class BenchmarkFile:
-    """Where one set's questions were found and whether that is the split Search-R1 evaluated."""
-
-    benchmark: Benchmark
-    path: Path
-    split: str
-
-    @property
-    def matches_search_r1(self) -> bool:
-        return self.split == self.benchmark.search_r1_split
-
-
-def find_benchmark_files(
-    benchmarks_dir: str | Path, sets: Sequence[str] | None = None
-) -> list[BenchmarkFile]:
-    """Each asked set's file in `benchmarks_dir` (`<name>/test.jsonl`, else `<name>/dev.jsonl`).
-
-    `sets=None` asks for all seven: a missing one is an error naming what is there, so an "average over
-    seven sets" is never silently an average over fewer; pass the names you have instead.
-    """
-    root = Path(benchmarks_dir)
-    if not root.is_dir():
-        raise FileNotFoundError(
-            f"--benchmarks {root}: no such folder; pass a folder with one sub-folder per set, e.g. nq/test.jsonl, "
-            "hotpotqa/dev.jsonl (FlashRAG's layout)"
-        )
-    wanted = [benchmark_by_name(s) for s in sets] if sets else list(BENCHMARKS)
-    if len({b.name for b in wanted}) != len(wanted):
-        raise ValueError(f"--sets {list(sets or [])}: a set is named twice")
-    found: list[BenchmarkFile] = []
-    missing: list[str] = []
-    for b in wanted:
-        folders = [root / n for n in (b.name, *b.aliases, b.label) if (root / n).is_dir()]
-        hit = next(
-            (
-                (folder / f"{split}.jsonl", split)
-                for folder in folders
-                for split in SPLIT_ORDER
-                if (folder / f"{split}.jsonl").is_file()
-            ),
-            None,
-        )
-        if hit is None:
-            missing.append(b.name)
-        else:
-            found.append(BenchmarkFile(b, hit[0], hit[1]))
-    if missing:
-        present = sorted(p.name for p in root.iterdir() if p.is_dir())
-        raise FileNotFoundError(
-            f"--benchmarks {root}: no test.jsonl or dev.jsonl for {', '.join(missing)} (sub-folders here: "
-            f"{present or 'none'}); add them, or pass --sets with the sets you have "
-            f"(e.g. --sets {','.join(f.benchmark.name for f in found) or 'nq'})"
-        )
-    return found
 
 
 def bootstrap_mean_of_means_ci(
@@ -180,8 +87,6 @@ def bootstrap_mean_of_means_ci(
 
 
 def _prepare_rows(rows: list[dict[str, Any]], name: str, question_mark: bool) -> list[dict[str, Any]]:
-    from searchrl.data.convert import search_r1_question
-
     out = []
     for row in rows:
         row = dict(row)
@@ -234,25 +139,16 @@ def evaluate_benchmarks(
     questions of each set. The JSON goes to `RUN/eval/benchmarks-<checkpoint>.json` (or `output`), the
     trajectories beside it. Returns the payload and the JSON path.
     """
-    from searchrl.common.io import atomic_write_json
-    from searchrl.common.trajectory import write_trajectories
-    from searchrl.data.datasets import load_qa
-    from searchrl.env.environment import SearchEnvironment
-
     check_search_args(index_dir, corpus)
     files = find_benchmark_files(benchmarks_dir, sets)
-    reader, root, config = open_run(run_dir)
-    model_dir, name = _resolve_model(reader, config, model, checkpoint)
-    if not model_dir.is_dir():
-        raise FileNotFoundError(f"{model_dir}: model folder not found")
+    reader, root, config, model_dir, name = open_eval_target(run_dir, model, checkpoint)
     rows_by_set = {
         f.benchmark.name: _prepare_rows(load_qa(f.path, limit=limit), f.benchmark.name, question_mark)
         for f in files
     }
-    policy, tokenizer = load_policy_for_eval(reader, config, model_dir)
-    env_cfg = env_config if env_config is not None else run_env_config(root, config)
-    gen_cfg = generation_config or default_generation_config(config, env_cfg)
-    suite_rubric = rubric if rubric is not None else _run_rubric(config)
+    policy, tokenizer, env_cfg, gen_cfg, suite_rubric = eval_setup(
+        reader, root, config, model_dir, env_config, generation_config, rubric
+    )
     per_set: dict[str, dict[str, Any]] = {}
     values: dict[str, list[dict[str, float]]] = {}
     trajectories = []
@@ -286,10 +182,9 @@ def evaluate_benchmarks(
                 **result.summary,
             }
     average = average_over_sets(values, n_resamples, seed, DEFAULT_CONFIDENCE)
-    if output is None:
-        base = root / "eval" if root is not None else model_dir.parent / "eval"
-        output = base / f"{SUITE_KIND}-{name}.json"
-    output = Path(output)
+    output = (
+        Path(output) if output is not None else default_eval_output(root, model_dir, f"{SUITE_KIND}-{name}")
+    )
     payload = {
         "kind": SUITE_KIND,
         "split": SUITE_KIND,
@@ -315,10 +210,7 @@ def evaluate_benchmarks(
         "benchmarks": per_set,
         "bootstrap": {"resamples": n_resamples, "seed": seed, "confidence": DEFAULT_CONFIDENCE},
     }
-    atomic_write_json(output, payload)
-    write_trajectories(
-        output.with_name(output.name[: -len(".json")] + ".trajectories.jsonl.gz"), trajectories
-    )
+    write_eval(output, payload, trajectories)
     return payload, output
 
 

@@ -11,8 +11,14 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.console import Console
+from rich.table import Table
 
+from searchrl.common.io import atomic_write_json
+from searchrl.common.run import RunReader
 from searchrl.evaluation import HEADLINE_METRICS
+from searchrl.evaluation.audit import audit_run
+from searchrl.evaluation.report import write_report
 
 VERDICT_STYLE = {"pass": "green", "warn": "yellow", "fail": "bold red", "skipped": "dim"}
 
@@ -25,8 +31,6 @@ _TABLE_METRICS = (
 
 
 def _eval_table(summary: dict[str, Any], title: str) -> Any:
-    from rich.table import Table
-
     hops = sorted(summary.get("by_hops", {}))
     table = Table(title=title)
     table.add_column("metric")
@@ -150,9 +154,7 @@ def eval_command(
 ) -> None:
     """Evaluate a checkpoint or any model (greedy, the run's prompt, protocol and budgets) on any split and index,
     or on Search-R1's seven QA sets (--benchmarks)."""
-    from rich.console import Console
-
-    from searchrl.evaluation.evaluate import evaluate_run
+    from searchrl.evaluation.evaluate import evaluate_run  # torch: when the command runs, not for --help
 
     if run is None and model is None:
         raise typer.BadParameter("give --run DIR (a training run or a demo) or --model PATH (a model folder)")
@@ -201,8 +203,6 @@ def eval_command(
 
 def benchmarks_table(payload: dict[str, Any], title: str) -> Any:
     """Search-R1's Table 3 layout: one column per set (dagger: trained on), then the unweighted average."""
-    from rich.table import Table
-
     table = Table(title=title)
     table.add_column("metric")
     sets = payload["benchmarks"]
@@ -237,9 +237,7 @@ def _eval_benchmarks(
     bootstrap: int,
     question_mark: bool,
 ) -> None:
-    from rich.console import Console
-
-    from searchrl.evaluation.benchmarks import evaluate_benchmarks
+    from searchrl.evaluation.benchmarks import evaluate_benchmarks  # torch, as above
 
     names = [s for s in (sets or "").split(",") if s.strip()] or None
     try:
@@ -272,8 +270,6 @@ def _eval_benchmarks(
 
 
 def _audit_table(report: Any, title: str | None = None) -> Any:
-    from rich.table import Table
-
     table = Table(
         title=title
         or f"reward-hacking audit · verdict: {report.own_verdict} · {report.num_trajectories} trajectories"
@@ -335,12 +331,6 @@ def audit_command(
     ] = None,
 ) -> None:
     """Check for reward hacking: each check with its threshold, verdict and evidence (trajectory ids)."""
-    from rich.console import Console
-
-    from searchrl.common.io import atomic_write_json
-    from searchrl.common.run import RunReader
-    from searchrl.evaluation.audit import audit_run
-
     try:
         reader = RunReader(run)
         report = audit_run(run, last_steps=last_steps or None, trajectory_files=trajectories)
@@ -400,8 +390,6 @@ def report_command(
     ] = None,
 ) -> None:
     """Write one self-contained report.html: curves, headline figures, eval tables, audit, trajectories."""
-    from searchrl.evaluation.report import write_report
-
     data = json.loads(summary.read_text(encoding="utf-8")) if summary is not None else None
     runs = parse_compare(compare or [])
     try:

@@ -28,8 +28,14 @@ from typing import Any
 
 import numpy as np
 
-from searchrl.common.trajectory import TERMINATION_REASONS, Trajectory
+from searchrl.common.config import load_config
+from searchrl.common.io import atomic_write_json
+from searchrl.common.run import RunReader, RunTargetError
+from searchrl.common.trajectory import TERMINATION_REASONS, Trajectory, write_trajectories
+from searchrl.data.datasets import load_qa
+from searchrl.env.environment import EnvConfig, SearchEnvironment
 from searchrl.rewards.citation import citation_status
+from searchrl.rewards.combine import default_rubric, load_rubric
 from searchrl.rewards.qa import exact_match, f1_score
 from searchrl.rewards.shaping import is_well_formed
 from searchrl.rollout.generator import GenerationConfig, HFGenerator
@@ -415,8 +421,6 @@ def load_run_config(run_dir: str | Path) -> Any:
     `run_dir` may also be a demo directory (its PPO run's config). Raises FileNotFoundError when the run
     has no config.yaml and `RunTargetError` (a ValueError) when the path is not a run at all.
     """
-    from searchrl.common.run import RunReader
-
     reader = RunReader(run_dir)
     root = reader.require_run("searchrl eval")
     if reader.config is None:
@@ -429,8 +433,6 @@ def load_run_config(run_dir: str | Path) -> Any:
 
 def resolve_checkpoint(run_dir: str | Path, checkpoint: str = "latest") -> tuple[Path, str]:
     """(policy folder, checkpoint name) for `latest`, `step-N` or `N` in `RUN/checkpoints/` (read only)."""
-    from searchrl.common.run import RunReader
-
     return RunReader(run_dir).checkpoint_policy(checkpoint)
 
 
@@ -508,9 +510,6 @@ def evaluate_with_ppo_limits(
 
 def run_env_config(run_dir: str | Path | None, config: Any) -> Any:
     """`RUN/env.yaml` (an `EnvConfig`) when the run recorded one, else what its config implies."""
-    from searchrl.common.config import load_config
-    from searchrl.env.environment import EnvConfig
-
     if run_dir is not None and (Path(run_dir) / "env.yaml").exists():
         return load_config(EnvConfig, Path(run_dir) / "env.yaml")
     if config is None:
@@ -576,10 +575,7 @@ def evaluate_run(
     `<same name>.trajectories.jsonl.gz`. Returns the result and the JSON path.
     """
     check_search_args(index_dir, corpus)
-    reader, root, config = open_run(run_dir)
-    model_dir, name = _resolve_model(reader, config, model, checkpoint)
-    if not model_dir.is_dir():
-        raise FileNotFoundError(f"{model_dir}: model folder not found")
+    reader, root, config, model_dir, name = open_eval_target(run_dir, model, checkpoint)
     if data_dir is None and reader is not None and reader.split_file(split) is not None:
         data_dir = reader.split_file(split)
         if not Path(data_dir).is_file():
@@ -622,8 +618,6 @@ def check_search_args(index_dir: str | Path | None, corpus: str | Path | None) -
 
 def open_run(run_dir: str | Path | None) -> tuple[Any, Path | None, Any]:
     """(RunReader, run root, run config) of an evaluation's `--run`, or Nones without one."""
-    from searchrl.common.run import RunReader, RunTargetError
-
     reader = RunReader(run_dir) if run_dir is not None else None
     if reader is not None and reader.kind == "trajectories":
         raise RunTargetError(
@@ -633,6 +627,48 @@ def open_run(run_dir: str | Path | None) -> tuple[Any, Path | None, Any]:
     root = reader.require_run("searchrl eval") if reader is not None else None
     config = load_run_config(run_dir) if run_dir is not None else None
     return reader, root, config
+
+
+def open_eval_target(
+    run_dir: str | Path | None, model: str | Path | None, checkpoint: str | None
+) -> tuple[Any, Path | None, Any, Path, str]:
+    """(RunReader, run root, run config, model folder, checkpoint name) of an evaluation: `open_run`, then
+    `--model`, else the run's `checkpoint`; FileNotFoundError when that folder is missing."""
+    reader, root, config = open_run(run_dir)
+    model_dir, name = _resolve_model(reader, config, model, checkpoint)
+    if not model_dir.is_dir():
+        raise FileNotFoundError(f"{model_dir}: model folder not found")
+    return reader, root, config, model_dir, name
+
+
+def eval_setup(
+    reader: Any,
+    root: Path | None,
+    config: Any,
+    model_dir: Path,
+    env_config: Any = None,
+    generation_config: GenerationConfig | None = None,
+    rubric: Any = None,
+) -> tuple[Any, Any, Any, GenerationConfig, Any]:
+    """(policy, tokenizer, env config, generation config, rubric) of an evaluation: the model folder's policy,
+    and each setting as given, else what the run implies (`run_env_config`, `default_generation_config`, the
+    run's rubric)."""
+    policy, tokenizer = load_policy_for_eval(reader, config, model_dir)
+    env_cfg = env_config if env_config is not None else run_env_config(root, config)
+    gen_cfg = generation_config or default_generation_config(config, env_cfg)
+    return policy, tokenizer, env_cfg, gen_cfg, rubric if rubric is not None else _run_rubric(config)
+
+
+def default_eval_output(root: Path | None, model_dir: Path, stem: str) -> Path:
+    """`RUN/eval/<stem>.json`, or beside the model folder (`<model>/../eval/`) without a run."""
+    base = root / "eval" if root is not None else model_dir.parent / "eval"
+    return base / f"{stem}.json"
+
+
+def write_eval(output: Path, payload: dict[str, Any], trajectories: Sequence[Trajectory]) -> None:
+    """An evaluation's JSON and its trajectories beside it (`trajectories_path`), both written atomically."""
+    atomic_write_json(output, payload)
+    write_trajectories(trajectories_path(output), list(trajectories))
 
 
 @contextlib.contextmanager
@@ -653,12 +689,12 @@ def search_for_eval(
     ):
         index_dir = reader.index_dir
     if corpus is not None:
-        from searchrl.search.index import build_index
+        from searchrl.search.index import build_index  # bm25s and numba: only when a search is opened
 
         with tempfile.TemporaryDirectory(prefix="searchrl-eval-index-") as tmp:
             yield build_index(corpus, Path(tmp) / "index", backend="bm25"), {"corpus": str(corpus)}
         return
-    from searchrl.search.index import SearchConfig, open_backend
+    from searchrl.search.index import SearchConfig, open_backend  # bm25s and numba, as above
 
     if index_dir is not None and not Path(index_dir).is_dir():
         raise FileNotFoundError(
@@ -692,32 +728,30 @@ def _evaluate_target(
     output: str | Path | None,
     options: dict[str, Any],
 ) -> tuple[EvalResult, Path]:
-    from searchrl.common.io import atomic_write_json
-    from searchrl.common.trajectory import write_trajectories
-    from searchrl.data.datasets import load_qa
-    from searchrl.env.environment import SearchEnvironment
-
     split = options.get("split")
     rows = load_qa(rows_path, limit=limit)
-    policy, tokenizer = load_policy_for_eval(reader, config, model_dir)
-    env_cfg = options["env_config"] if options["env_config"] is not None else run_env_config(root, config)
-    gen_cfg = options["generation_config"] or default_generation_config(config, env_cfg)
+    policy, tokenizer, env_cfg, gen_cfg, rubric = eval_setup(
+        reader,
+        root,
+        config,
+        model_dir,
+        options["env_config"],
+        options["generation_config"],
+        options["rubric"],
+    )
     result = evaluate_policy(
         policy,
         tokenizer,
         rows,
         lambda: SearchEnvironment(backend, env_cfg, tokenizer=tokenizer),
         gen_cfg,
-        rubric=options["rubric"] if options["rubric"] is not None else _run_rubric(config),
+        rubric=rubric,
         batch_size=options["batch_size"],
         seed=options["seed"],
         n_resamples=options["n_resamples"],
         generator_factory=options["generator_factory"],
     )
-    if output is None:
-        base = root / "eval" if root is not None else model_dir.parent / "eval"
-        output = base / f"{split}-{name}.json"
-    output = Path(output)
+    output = Path(output) if output is not None else default_eval_output(root, model_dir, f"{split}-{name}")
     step = 0 if name == "initial" else _step_of(name)
     payload = {
         "split": split,
@@ -733,10 +767,7 @@ def _evaluate_target(
         "env_config": dataclasses.asdict(env_cfg),
         **result.summary,
     }
-    atomic_write_json(output, payload)
-    write_trajectories(
-        output.with_name(output.name[: -len(".json")] + ".trajectories.jsonl.gz"), result.trajectories
-    )
+    write_eval(output, payload, result.trajectories)
     return result, output
 
 
@@ -744,6 +775,7 @@ def load_policy_for_eval(reader: Any, config: Any, model_dir: Path) -> tuple[Any
     """(policy, tokenizer) of a model folder; the tokenizer from the folder, else the run's. A LoRA checkpoint
     (an adapter folder) is merged into its base model, found from any working directory
     (`searchrl.models.adapter`; the run's starting policy is the fallback)."""
+    # trl, datasets and pyarrow come with the model loaders: loaded when a model is.
     from searchrl.models.adapter import adapter_base_dir, is_adapter_dir, load_adapter_policy
     from searchrl.models.tiny import load_policy, load_tokenizer
 
@@ -783,8 +815,6 @@ def trajectories_path(json_path: str | Path) -> Path:
 
 
 def _run_rubric(config: Any) -> Any:
-    from searchrl.rewards.combine import default_rubric, load_rubric
-
     if config is not None and config.reward_config_path:
         return load_rubric(config.reward_config_path)
     return default_rubric()

@@ -39,9 +39,15 @@ def metric_series(metrics: Sequence[dict[str, Any]], key: str) -> tuple[list[flo
 
 
 def _png(fig: Any) -> str:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
-    return base64.b64encode(buf.getvalue()).decode("ascii")
+    """The figure as a base64 PNG; the figure is closed either way (pyplot keeps every open figure)."""
+    import matplotlib.pyplot as plt
+
+    try:
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
+        return base64.b64encode(buf.getvalue()).decode("ascii")
+    finally:
+        plt.close(fig)
 
 
 def _new_figure(xlabel: str = "step") -> tuple[Any, Any]:
@@ -54,12 +60,6 @@ def _new_figure(xlabel: str = "step") -> tuple[Any, Any]:
     ax.grid(alpha=0.3)
     ax.set_xlabel(xlabel)
     return fig, ax
-
-
-def _close(fig: Any) -> None:
-    import matplotlib.pyplot as plt
-
-    plt.close(fig)
 
 
 def line_plot(
@@ -80,10 +80,7 @@ def line_plot(
     ax.set_title(title)
     ax.set_ylabel(ylabel)
     ax.legend(fontsize=7)
-    try:
-        return _png(fig)
-    finally:
-        _close(fig)
+    return _png(fig)
 
 
 def reward_components_plot(metrics: Sequence[dict[str, Any]], xlabel: str = "step") -> str | None:
@@ -113,10 +110,7 @@ def kl_plot(metrics: Sequence[dict[str, Any]], xlabel: str = "step") -> str | No
     ax2.plot(cx, cy, color="#cf222e", linestyle="--", label="kl_coef")
     ax2.set_ylabel("kl_coef", color="#cf222e")
     ax.set_title("KL to the reference and the KL coefficient")
-    try:
-        return _png(fig)
-    finally:
-        _close(fig)
+    return _png(fig)
 
 
 def heldout_plot(
@@ -147,10 +141,7 @@ def heldout_plot(
     ax.set_title("Held-out exact match")
     ax.set_ylabel("exact match")
     ax.legend(fontsize=7)
-    try:
-        return _png(fig)
-    finally:
-        _close(fig)
+    return _png(fig)
 
 
 def build_plots(

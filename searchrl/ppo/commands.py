@@ -20,7 +20,11 @@ import typer
 import yaml
 
 from searchrl.common.config import ConfigError, load_config
+from searchrl.common.io import read_jsonl
+from searchrl.data.datasets import load_qa
+from searchrl.env.environment import SearchEnvironment
 from searchrl.ppo.config import PPOConfig
+from searchrl.rewards.combine import default_rubric, load_rubric
 
 
 def parse_set_options(pairs: list[str]) -> dict[str, Any]:
@@ -51,8 +55,6 @@ SYNTH_HOW = "create the synthetic task with `searchrl data synth --size tiny --o
 
 def load_questions(cfg: PPOConfig) -> tuple[list[dict], list[dict]]:
     """The train and dev rows (`question`, `golds`, ...). The test split is never read here."""
-    from searchrl.data.datasets import load_qa
-
     train = load_qa(_existing(cfg.train_file, "train_file", SYNTH_HOW))
     dev = load_qa(_existing(cfg.dev_file, "dev_file", SYNTH_HOW)) if cfg.dev_file else []
     return train, dev
@@ -60,14 +62,13 @@ def load_questions(cfg: PPOConfig) -> tuple[list[dict], list[dict]]:
 
 def environment_factory(cfg: PPOConfig, backend: Any, tokenizer: Any) -> Callable[[], Any]:
     """A fresh `SearchEnvironment` per episode with the config's budgets."""
-    from searchrl.env.environment import SearchEnvironment
-
     env_cfg = cfg.env_config()
     return lambda: SearchEnvironment(backend, env_cfg, tokenizer=tokenizer)
 
 
 def load_or_build_policy(cfg: PPOConfig, train_rows: list[dict]) -> tuple[Any, Any]:
     """(policy, tokenizer): from `policy_model_path`, else a fresh tiny model over the task's text."""
+    # transformers and trl: loaded when training starts, not for --help.
     from searchrl.models.tiny import (
         TinyModelConfig,
         build_policy,
@@ -83,8 +84,6 @@ def load_or_build_policy(cfg: PPOConfig, train_rows: list[dict]) -> tuple[Any, A
         return load_policy(path), load_tokenizer(tok_path)
     corpus = []
     if cfg.corpus_path and Path(cfg.corpus_path).exists():
-        from searchrl.common.io import read_jsonl
-
         corpus = list(read_jsonl(cfg.corpus_path))
     tokenizer = train_tokenizer(tokenizer_training_texts(corpus, train_rows))
     return build_policy(tokenizer, TinyModelConfig(seed=cfg.seed)), tokenizer
@@ -96,7 +95,7 @@ def load_side_models(cfg: PPOConfig) -> tuple[Any, Any, Any]:
     Without `value_model_path` the critic starts from the reward model when one is given (TRL's
     examples did so), else the trainer builds it from the policy's backbone.
     """
-    from searchrl.models.tiny import load_policy, load_value_model
+    from searchrl.models.tiny import load_policy, load_value_model  # transformers and trl, as above
 
     ref = load_policy(cfg.ref_model_path) if cfg.ref_model_path else None
     reward_model = load_value_model(cfg.reward_model_path) if cfg.reward_model_path else None
@@ -110,8 +109,6 @@ def load_side_models(cfg: PPOConfig) -> tuple[Any, Any, Any]:
 
 
 def load_reward_functions(cfg: PPOConfig) -> Any:
-    from searchrl.rewards.combine import default_rubric, load_rubric
-
     if cfg.reward_config_path:
         return load_rubric(
             _existing(cfg.reward_config_path, "reward_config_path", "see configs/rewards_*.yaml")
@@ -121,7 +118,7 @@ def load_reward_functions(cfg: PPOConfig) -> Any:
 
 def build_trainer(cfg: PPOConfig) -> Any:
     """Everything `searchrl train` assembles, as a ready `PPOTrainer`."""
-    from searchrl.ppo.trainer import PPOTrainer
+    from searchrl.ppo.trainer import PPOTrainer  # transformers, trl and accelerate: not for --help
 
     train_rows, dev_rows = load_questions(cfg)
     backend = cfg.open_backend(read_timeout=cfg.search_timeout_s)

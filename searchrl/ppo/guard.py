@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from searchrl.common.run import step_of_name
 from searchrl.ppo.config import PPOConfig
 
 logger = logging.getLogger(__name__)
@@ -117,8 +118,6 @@ def roll_back_on_collapse(trainer: Any, metrics: dict[str, Any]) -> bool:
     the checkpoint's step, so the log's `step` column can repeat after a rollback. The cut compounds: after
     n rollbacks both learning rates are `collapse_lr_decay ** n` of the schedule's.
     """
-    from searchrl.common.run import step_of_name
-
     reason = trainer.guard.check({k: v for k, v in metrics.items() if isinstance(v, int | float)})
     if reason is None or trainer.last_good_checkpoint is None:
         return False

@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from safetensors.torch import load_file
 from torch import nn
 from transformers import AutoModelForSequenceClassification
 
@@ -228,7 +229,6 @@ def frozen_models(
 def load_adapter_weights(model: nn.Module, path: Path) -> None:
     """Load a PEFT `save_pretrained` folder's adapter weights into an existing PeftModel."""
     from peft import set_peft_model_state_dict
-    from safetensors.torch import load_file
 
     file = path / "adapter_model.safetensors"
     if not file.exists():
@@ -243,8 +243,6 @@ def load_adapter_weights(model: nn.Module, path: Path) -> None:
 
 def load_weights(model: nn.Module, path: Path) -> None:
     """Load a `save_pretrained` folder's weights into an existing model (keeps optimizer references)."""
-    from safetensors.torch import load_file
-
     files = sorted(path.glob("*.safetensors"))
     if not files:
         raise FileNotFoundError(f"{path}: no *.safetensors weights to load")

@@ -36,7 +36,8 @@ import torch
 from torch import nn
 
 from searchrl.common.config import ConfigError
-from searchrl.common.trl_args import cpu_safe_trainer_kwargs
+from searchrl.common.io import read_jsonl
+from searchrl.common.trl_args import cpu_safe_trainer_kwargs, schedule_kwargs
 from searchrl.rewards.citation import citation_status
 from searchrl.rewards.combine import default_rubric
 from searchrl.rewards.qa import exact_match
@@ -297,8 +298,6 @@ def load_preference_dataset(path: str | Path) -> Any:
     elif path.suffix == ".parquet":
         dataset = Dataset.from_parquet(str(path))
     elif path.name.endswith((".jsonl", ".json", ".jsonl.gz")):
-        from searchrl.common.io import read_jsonl
-
         rows = list(read_jsonl(path)) if path.name.endswith((".jsonl", ".jsonl.gz")) else None
         dataset = Dataset.from_list(rows) if rows is not None else Dataset.from_json(str(path))
     else:
@@ -371,21 +370,10 @@ def _reward_config(config: RewardModelConfig, output_dir: str) -> Any:
 
     return RewardConfig(
         output_dir=output_dir,
-        learning_rate=config.learning_rate,
-        num_train_epochs=config.num_train_epochs,
-        max_steps=config.max_steps,
-        per_device_train_batch_size=config.per_device_train_batch_size,
+        **schedule_kwargs(config),
         per_device_eval_batch_size=config.per_device_eval_batch_size,
-        gradient_accumulation_steps=config.gradient_accumulation_steps,
-        warmup_steps=config.warmup_ratio,  # a float in [0, 1) is a share of the steps (transformers 5)
-        lr_scheduler_type=config.lr_scheduler_type,
-        weight_decay=config.weight_decay,
         max_length=config.max_length,
         center_rewards_coefficient=config.center_rewards_coefficient,
-        logging_steps=config.logging_steps,
-        seed=config.seed,
-        data_seed=config.seed,
-        activation_checkpointing=False,  # TRL defaults to on; pointless and slow for tiny models
         eval_strategy="no",
         **cpu_safe_trainer_kwargs(),
     )

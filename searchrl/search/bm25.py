@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import bm25s
+import Stemmer
 from bm25s.tokenization import Tokenizer
 
 from searchrl.search.base import Hit, make_hit
@@ -83,8 +84,6 @@ def make_tokenizer(params: BM25Params) -> Tokenizer:
     """bm25s' tokenizer with the stemmer (PyStemmer) and stop-word list the params ask for."""
     stemmer = None
     if params.stemmer:
-        import Stemmer
-
         try:
             stemmer = Stemmer.Stemmer(params.stemmer)
         except KeyError:

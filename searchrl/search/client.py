@@ -25,6 +25,7 @@ import hashlib
 import random
 import threading
 import time
+from collections.abc import Iterable
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -179,15 +180,21 @@ class HTTPBackend:
             raise BadSearchRequest(f"k must be >= 1, got {k}")
         if not queries:
             return []
+        return self._hits((self._post(body) for body in self._bodies(queries, k)), len(queries))
+
+    def _bodies(self, queries: list[str], k: int) -> list[dict[str, Any]]:
+        """The request bodies of one batch: one per query in the skyrl format, else one for the whole batch."""
         if self.protocol == "skyrl":
-            return [
-                self._parse(self._post({"query": q, "topk": k, "return_scores": True}), 1)[0] for q in queries
-            ]
+            return [{"query": q, "topk": k, "return_scores": True} for q in queries]
         if self.protocol == "flashrag":
-            body = {"query": queries, "top_n": k, "return_score": True}
-        else:
-            body = {"queries": queries, "topk": k, "return_scores": True}
-        return self._parse(self._post(body), len(queries))
+            return [{"query": queries, "top_n": k, "return_score": True}]
+        return [{"queries": queries, "topk": k, "return_scores": True}]
+
+    def _hits(self, answers: Iterable[Any], n_queries: int) -> list[list[Hit]]:
+        """The hits of each query from the answers to `_bodies`' requests, read one by one as they come."""
+        if self.protocol == "skyrl":
+            return [self._parse(answer, 1)[0] for answer in answers]
+        return self._parse(next(iter(answers)), n_queries)
 
     def _post(self, body: dict[str, Any]) -> Any:
         url = self.base_url + self.endpoint
@@ -325,15 +332,8 @@ class AsyncHTTPBackend(HTTPBackend):
             raise BadSearchRequest(f"k must be >= 1, got {k}")
         if not queries:
             return []
-        if self.protocol == "skyrl":
-            bodies = [{"query": q, "topk": k, "return_scores": True} for q in queries]
-            answers = await asyncio.gather(*(self._apost(b) for b in bodies))
-            return [self._parse(a, 1)[0] for a in answers]
-        if self.protocol == "flashrag":
-            body: dict[str, Any] = {"query": queries, "top_n": k, "return_score": True}
-        else:
-            body = {"queries": queries, "topk": k, "return_scores": True}
-        return self._parse(await self._apost(body), len(queries))
+        answers = await asyncio.gather(*(self._apost(body) for body in self._bodies(queries, k)))
+        return self._hits(answers, len(queries))
 
     async def asearch_many(self, batches: list[list[str]], k: int) -> list[list[list[Hit]]]:
         """Several batches concurrently (bounded by `max_concurrency`), answers in the order given."""

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 from enum import StrEnum
 from pathlib import Path
 
 import typer
+
+from searchrl.search.base import SearchError
+from searchrl.search.dense import DEVICE_ENV_VAR, MODEL_ENV_VAR
 
 
 class BackendName(StrEnum):
@@ -90,7 +94,7 @@ def index_command(
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace a non-empty output directory."),
 ) -> None:
     """Build a search index from a corpus file (or link an existing faiss index to it)."""
-    from searchrl.search.index import build_index, read_meta
+    from searchrl.search.index import build_index, read_meta  # bm25s and numba: not for --help
 
     if backend == BackendName.bm25:
         params = {
@@ -142,8 +146,7 @@ def search_command(
     ),
 ) -> None:
     """Search an index (or a server) and print the hits."""
-    from searchrl.search.base import SearchError
-    from searchrl.search.index import SearchConfig, open_backend
+    from searchrl.search.index import SearchConfig, open_backend  # bm25s and numba, as above
 
     if (index is None) == (url is None):
         raise _fail("give exactly one of --index or --url")
@@ -199,9 +202,7 @@ def serve_command(
     ),
 ) -> None:
     """Serve an index over HTTP: Search-R1 POST /retrieve, FlashRAG POST /batch_search, GET /health."""
-    import os
-
-    from searchrl.search.dense import DEVICE_ENV_VAR, MODEL_ENV_VAR
+    # bm25s, numba and fastapi: loaded when the server starts.
     from searchrl.search.index import IndexFormatError
     from searchrl.search.server import ServerLimits, serve
 

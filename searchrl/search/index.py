@@ -21,8 +21,11 @@ from typing import Any
 from searchrl.common.io import atomic_write_json
 from searchrl.search.base import Backend
 from searchrl.search.bm25 import BM25Backend, BM25Params
+from searchrl.search.cache import CachedBackend
+from searchrl.search.client import HTTPBackend
 from searchrl.search.corpus import corpus_hash, load_corpus
 from searchrl.search.dense import DenseBackend, DenseParams, resolve_model_path
+from searchrl.search.faults import FaultInjectingBackend
 
 INDEX_FORMAT_VERSION = 1
 BACKENDS = ("bm25", "dense")
@@ -220,10 +223,6 @@ def open_backend(cfg: SearchConfig | str | os.PathLike) -> Backend:
     cache on top. The cache sits outside the faults so that a replayed snapshot is fault-free and
     reproducible; faults apply to what the live backend answers.
     """
-    from searchrl.search.cache import CachedBackend
-    from searchrl.search.client import HTTPBackend
-    from searchrl.search.faults import FaultInjectingBackend
-
     if not isinstance(cfg, SearchConfig):
         cfg = SearchConfig(index=str(cfg))
     if bool(cfg.index) == bool(cfg.url) and cfg.cache_mode != "replay":

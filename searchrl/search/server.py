@@ -374,7 +374,7 @@ _ENV_LIMITS = "SEARCHRL_SERVE_LIMITS"
 
 def app_from_env() -> FastAPI:
     """App factory for uvicorn's multi-worker mode: each worker process opens the index itself."""
-    from searchrl.search.index import load_index, read_meta
+    from searchrl.search.index import load_index, read_meta  # bm25s and numba: in the worker process
 
     index_dir = os.environ[_ENV_INDEX]
     limits = ServerLimits(**json.loads(os.environ.get(_ENV_LIMITS, "{}")))
@@ -405,7 +405,7 @@ def serve(
     """Serve an index directory with uvicorn until interrupted."""
     import uvicorn
 
-    from searchrl.search.index import read_meta
+    from searchrl.search.index import read_meta  # bm25s and numba: when the server starts
 
     read_meta(index_dir)  # fail here, clearly, rather than inside every worker
     if workers < 1:

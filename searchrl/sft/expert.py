@@ -50,8 +50,9 @@ from searchrl.data.synthetic import (
     expert_queries,
     relation_chain,
 )
-from searchrl.env.protocol import format_answer, format_search_r1_call, format_tool_call
+from searchrl.env.protocol import format_answer
 from searchrl.rollout.generator import GenerationConfig, HFGenerator
+from searchrl.sft.forcing import PlannedTurnForcing
 
 EXPERT = "expert"
 NOISE_KINDS: tuple[str, ...] = ("no_search", "one_hop", "no_citation", "wrong_entity")
@@ -141,7 +142,7 @@ class _Episode:
         return relation_chain(str(self.row["relation"]))
 
 
-class ExpertForcing:
+class ExpertForcing(PlannedTurnForcing[_Episode]):
     """A `TokenForcing` that decides each turn's text when the turn starts, from the env's state then."""
 
     def __init__(
@@ -151,46 +152,11 @@ class ExpertForcing:
         episodes: Sequence[_Episode],
         k: int = 3,
     ) -> None:
-        self.tokenizer = tokenizer
-        self.envs = list(envs)
-        self.episodes = list(episodes)
-        self.k = k
-        self._ids: dict[tuple[int, int], list[int]] = {}
-
-    def __call__(self, row: int, turn: int, position: int) -> int | None:
-        key = (row, turn)
-        if key not in self._ids:
-            text = self._decide(row, turn)
-            if text is None:
-                return None
-            self._ids[key] = self._encode(row, text)
-        ids = self._ids[key]
-        return ids[position] if position < len(ids) else None
+        super().__init__(tokenizer, envs, episodes, k)
 
     # -- text of a turn --------------------------------------------------------------------------------
-    def _protocol(self, row: int) -> str:
-        return str(getattr(getattr(self.envs[row], "config", None), "protocol", "chat"))
-
-    def _encode(self, row: int, text: str) -> list[int]:
-        ids = [int(i) for i in self.tokenizer.encode(text, add_special_tokens=False)]
-        # Chat turns end with EOS; search_r1 turns end where their closing tag ends (a stop string).
-        return ids + [int(self.tokenizer.eos_token_id)] if self._protocol(row) == "chat" else ids
-
-    def _search(self, row: int, query: str) -> str:
-        self.episodes[row].searches.append(query)
-        if self._protocol(row) == "chat":
-            return format_tool_call("search", {"query": query, "k": self.k})
-        return format_search_r1_call(query)
-
-    def _decide(self, row: int, turn: int) -> str | None:
-        ep = self.episodes[row]
-        if turn < len(ep.texts):
-            return ep.texts[turn]
-        if turn > len(ep.texts):  # an earlier turn was never decided: the episode took a path we did not plan
-            return None
-        text = self._next_text(row, ep, turn)
-        ep.texts.append(text)
-        return text
+    def next_text(self, row: int, turn: int) -> str:
+        return self._next_text(row, self.plans[row], turn)
 
     def _next_text(self, row: int, ep: _Episode, turn: int) -> str:
         env = self.envs[row]
@@ -200,7 +166,7 @@ class ExpertForcing:
         if ep.kind == "wrong_entity":
             return self._wrong_entity_turn(row, ep, turn, env)
         if turn == 0:
-            return self._search(row, expert_queries(ep.row)[0])
+            return self.search_call(row, expert_queries(ep.row)[0])
         hop1 = self._read_hop(env, turn_index=0, relation=chain[0], subject=str(ep.row["subject"]))
         if len(chain) == 1:
             return self._answer(ep, hop1, fallback=str(ep.row["golds"][0]), env=env)
@@ -210,7 +176,7 @@ class ExpertForcing:
             bridge = hop1[1] if hop1 else None
             ep.bridge_source = "retrieved" if bridge else "oracle"
             bridge = bridge or str(ep.row["bridge"])
-            return self._search(row, f"{bridge} {RELATION_WORDS[chain[1]]}")
+            return self.search_call(row, f"{bridge} {RELATION_WORDS[chain[1]]}")
         bridge = ep.searches[1].rsplit(" ", 1)[0]
         hop2 = self._read_hop(env, turn_index=1, relation=chain[1], subject=bridge)
         return self._answer(ep, hop2, fallback=str(ep.row["golds"][0]), env=env)
@@ -218,7 +184,7 @@ class ExpertForcing:
     def _wrong_entity_turn(self, row: int, ep: _Episode, turn: int, env: Any) -> str:
         relation = ep.chain[0]
         if turn == 0:
-            return self._search(row, f"{ep.decoy_subject} {RELATION_WORDS[relation]}")
+            return self.search_call(row, f"{ep.decoy_subject} {RELATION_WORDS[relation]}")
         found = self._read_hop(env, turn_index=0, relation=relation, subject=ep.decoy_subject)
         return self._answer(ep, found, fallback=ep.guess, env=env)
 

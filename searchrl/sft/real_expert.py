@@ -35,9 +35,10 @@ from transformers import PreTrainedTokenizerBase
 
 from searchrl.common.config import ConfigError
 from searchrl.common.trajectory import Trajectory
-from searchrl.env.protocol import format_answer, format_search_r1_call, format_tool_call
+from searchrl.env.protocol import format_answer
 from searchrl.rewards.qa import contains_answer, normalize_answer
 from searchrl.rollout.generator import GenerationConfig, HFGenerator
+from searchrl.sft.forcing import PlannedTurnForcing
 
 REAL_EXPERT = "real_expert"
 REQUIRED_FIELDS = ("question", "golds", "supporting_doc_ids", "supporting_titles")
@@ -127,7 +128,7 @@ def choose_citations(answer: str, shown: dict[str, str], supporting: Sequence[st
     return [d for d in shown if d in supporting]
 
 
-class RealExpertForcing:
+class RealExpertForcing(PlannedTurnForcing[_Plan]):
     """A `TokenForcing` that decides each turn's text when the turn starts, from the environment's state."""
 
     def __init__(
@@ -137,43 +138,17 @@ class RealExpertForcing:
         plans: Sequence[_Plan],
         config: RealExpertConfig,
     ) -> None:
-        self.tokenizer = tokenizer
-        self.envs = list(envs)
-        self.plans = list(plans)
+        super().__init__(tokenizer, envs, plans, config.k)
         self.config = config
-        self._ids: dict[tuple[int, int], list[int]] = {}
 
-    def __call__(self, row: int, turn: int, position: int) -> int | None:
-        key = (row, turn)
-        if key not in self._ids:
-            plan = self.plans[row]
-            if turn > len(plan.texts):  # an earlier turn was never decided: not a path this expert takes
-                return None
-            if turn == len(plan.texts):
-                plan.texts.append(self._next_text(row, plan))
-            self._ids[key] = self._encode(row, plan.texts[turn])
-        ids = self._ids[key]
-        return ids[position] if position < len(ids) else None
-
-    def _protocol(self, row: int) -> str:
-        return str(getattr(getattr(self.envs[row], "config", None), "protocol", "chat"))
-
-    def _encode(self, row: int, text: str) -> list[int]:
-        ids = [int(i) for i in self.tokenizer.encode(text, add_special_tokens=False)]
-        # Chat turns end with EOS; search_r1 turns end where their closing tag ends (a stop string).
-        return ids + [int(self.tokenizer.eos_token_id)] if self._protocol(row) == "chat" else ids
-
-    def _search(self, row: int, plan: _Plan, query: str) -> str:
-        plan.searches.append(query)
-        if self._protocol(row) == "chat":
-            return format_tool_call("search", {"query": query, "k": self.config.k})
-        return format_search_r1_call(query)
+    def next_text(self, row: int, turn: int) -> str:
+        return self._next_text(row, self.plans[row])
 
     def _next_text(self, row: int, plan: _Plan) -> str:
         env = self.envs[row]
         r = plan.row
         if not plan.searches:
-            return self._search(row, plan, question_query(str(r["question"]), self.config.max_query_chars))
+            return self.search_call(row, question_query(str(r["question"]), self.config.max_query_chars))
         shown = _shown(env)
         supporting = [str(d) for d in r["supporting_doc_ids"]]
         titles = [str(t) for t in r["supporting_titles"]]
@@ -187,7 +162,7 @@ class RealExpertForcing:
                 missing = [t for d, t in zip(supporting, titles, strict=False) if d not in shown]
                 untried = [t for t in dict.fromkeys(missing) if t not in plan.searches]
                 if untried:
-                    return self._search(row, plan, untried[0])
+                    return self.search_call(row, untried[0])
         plan.answer = choose_answer(r["golds"], shown)
         plan.cited = choose_citations(plan.answer, shown, supporting)
         label = getattr(env, "citation_label", None)

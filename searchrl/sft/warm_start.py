@@ -41,16 +41,23 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase, PrinterCallba
 
 from searchrl.common.config import ConfigError
 from searchrl.common.io import atomic_write_json
-from searchrl.common.trajectory import Trajectory
-from searchrl.common.trl_args import cpu_safe_trainer_kwargs
+from searchrl.common.trajectory import Trajectory, write_trajectories
+from searchrl.common.trl_args import cpu_safe_trainer_kwargs, schedule_kwargs
 from searchrl.env.environment import EnvConfig, SearchEnvironment
 from searchrl.env.protocol import parse_turn
 from searchrl.models.forward_patches import remove_trainer_forward_patches
-from searchrl.models.tiny import TinyModelConfig
+from searchrl.models.tiny import (
+    TinyModelConfig,
+    build_policy,
+    load_policy,
+    load_tokenizer,
+    tokenizer_training_texts,
+    train_tokenizer,
+)
 from searchrl.rollout.chat import render_conversation
 from searchrl.rollout.generator import GenerationConfig, HFGenerator
 from searchrl.sections import EnvironmentSection
-from searchrl.sft.expert import ExpertConfig
+from searchrl.sft.expert import ExpertConfig, ExpertPolicy
 
 IGNORE_INDEX = -100
 logger = logging.getLogger("searchrl.sft")
@@ -253,7 +260,7 @@ def _steps_of(config: SFTWarmStartConfig, num_examples: int) -> int:
 
 
 def _sft_config(config: SFTWarmStartConfig, output_dir: str, num_examples: int = 0) -> Any:
-    from trl import SFTConfig
+    from trl import SFTConfig  # TRL's trainer modules (and the report_to integrations): ~1 s, at training
 
     scheduler_kwargs: dict[str, Any] = {}
     if config.lr_scheduler_type == "warmup_stable_decay":
@@ -261,20 +268,9 @@ def _sft_config(config: SFTWarmStartConfig, output_dir: str, num_examples: int =
         scheduler_kwargs = {"num_decay_steps": decay, "min_lr_ratio": 0.05, "decay_type": "linear"}
     return SFTConfig(
         output_dir=output_dir,
-        learning_rate=config.learning_rate,
-        num_train_epochs=config.num_train_epochs,
-        max_steps=config.max_steps,
-        per_device_train_batch_size=config.per_device_train_batch_size,
-        gradient_accumulation_steps=config.gradient_accumulation_steps,
-        warmup_steps=config.warmup_ratio,  # a float in [0, 1) is a share of the steps (transformers 5)
-        lr_scheduler_type=config.lr_scheduler_type,
+        **schedule_kwargs(config),
         lr_scheduler_kwargs=scheduler_kwargs,
-        weight_decay=config.weight_decay,
         max_grad_norm=config.max_grad_norm,
-        logging_steps=config.logging_steps,
-        seed=config.seed,
-        data_seed=config.seed,
-        activation_checkpointing=False,  # TRL defaults to on; pointless and slow for tiny models
         # Our examples are already ids + labels: no re-tokenising, no truncation, no label rebuilding.
         dataset_kwargs={"skip_prepare_dataset": True},
         max_length=None,
@@ -285,7 +281,7 @@ def _sft_config(config: SFTWarmStartConfig, output_dir: str, num_examples: int =
 
 
 def _plain_loss_trainer_class() -> type:
-    from trl import SFTTrainer
+    from trl import SFTTrainer  # ~1 s, as above
 
     class PlainLossSFTTrainer(SFTTrainer):
         """TRL's SFTTrainer with a plain causal-LM loss whose LM head runs in float32.
@@ -329,7 +325,7 @@ def make_sft_trainer(
     callbacks: list[Any] | None = None,
 ) -> Any:
     """TRL's SFTTrainer over a pre-tokenised dataset (`sft_dataset`), CPU-safe settings."""
-    from trl import SFTTrainer
+    from trl import SFTTrainer  # ~1 s, as above
 
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")  # TRL trainers ping the hub otherwise
     trainer_class = SFTTrainer if config.trl_loss else _plain_loss_trainer_class()
@@ -471,8 +467,6 @@ def prompt_texts(env: Any, rows: Sequence[dict[str, Any]], copies: int = 20) -> 
     Without it the BPE, trained on documents and questions, spells the fixed tool schema in hundreds of
     byte-level pieces; with it the prompt is about half as long, which halves SFT and rollout cost.
     """
-    from searchrl.models.tiny import train_tokenizer
-
     if not rows:
         return []
     scratch = train_tokenizer(["searchrl"], vocab_size=300)  # only its chat template is used here
@@ -502,11 +496,7 @@ def run_warm_start_pipeline(
     dev_rows: Sequence[dict[str, Any]] = (),
 ) -> dict[str, Any]:
     """Demonstrate `rows` with the expert, SFT on them, save `out_dir/model`; returns a summary dict."""
-    from searchrl.common.trajectory import write_trajectories
-    from searchrl.models.tiny import build_policy, load_policy, load_tokenizer, tokenizer_training_texts
-    from searchrl.models.tiny import train_tokenizer as train_bpe
-    from searchrl.search.index import open_backend
-    from searchrl.sft.expert import ExpertPolicy
+    from searchrl.search.index import open_backend  # bm25s and numba: when demonstrations are made
 
     config = config or SFTRunConfig()
     env_config = config.environment.env_config()
@@ -518,7 +508,7 @@ def run_warm_start_pipeline(
     else:
         probe = SearchEnvironment(backend, env_config)
         texts = tokenizer_training_texts(corpus_rows, rows) + prompt_texts(probe, rows)
-        tokenizer = train_bpe(texts, vocab_size=config.vocab_size)
+        tokenizer = train_tokenizer(texts, vocab_size=config.vocab_size)
         policy = build_policy(tokenizer, config.model)
     expert = ExpertPolicy(config.expert)
     demos: list[Trajectory] = []

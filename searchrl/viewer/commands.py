@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from searchrl.viewer.server import RunDirError, check_run_dir
+from searchrl.viewer.server import RunDirError, check_run_dir, serve
 
 
 def view_command(
@@ -29,7 +29,6 @@ def view_command(
     except RunDirError as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(2) from None
-    from searchrl.viewer.server import serve
 
     sources = ", ".join(s.id for s in reader.trajectory_sources())
     typer.echo(
