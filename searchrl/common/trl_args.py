@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
-
 
 def cpu_safe_trainer_kwargs(use_cpu: bool | None = None) -> dict[str, Any]:
     """`use_cpu=None` means: on the CPU when no CUDA device is visible."""
+    import torch  # deferred: GRPORunConfig, which the CLI imports to register `grpo`, imports this module
+
     return {
         "bf16": False,
         "fp16": False,

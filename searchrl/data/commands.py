@@ -14,7 +14,6 @@ import yaml
 from searchrl.common.config import ConfigError, config_from_dict
 from searchrl.data.convert import FORMATS, ConvertError, convert
 from searchrl.data.datasets import DatasetError, load_qa
-from searchrl.data.realqa import CORPUS_FORMATS, build_realqa
 from searchrl.data.synthetic import SIZE_PRESETS, SynthConfig, generate
 
 data_app = typer.Typer(
@@ -132,6 +131,8 @@ def realqa(
     SQuAD is split by article, HotpotQA by question, so no test question is seen in training.
     All splits share the corpus of paragraphs; nothing is downloaded.
     """
+    from searchrl.data.realqa import CORPUS_FORMATS, build_realqa  # numpy (the corpus store): not for --help
+
     if source not in ("hotpotqa", "squad", "both"):
         raise typer.BadParameter(
             f"unknown source {source!r}; choose hotpotqa, squad or both", param_hint="--source"

@@ -17,8 +17,6 @@ from rich.table import Table
 from searchrl.common.io import atomic_write_json
 from searchrl.common.run import RunReader
 from searchrl.evaluation import HEADLINE_METRICS
-from searchrl.evaluation.audit import audit_run
-from searchrl.evaluation.report import write_report
 
 VERDICT_STYLE = {"pass": "green", "warn": "yellow", "fail": "bold red", "skipped": "dim"}
 
@@ -331,6 +329,8 @@ def audit_command(
     ] = None,
 ) -> None:
     """Check for reward hacking: each check with its threshold, verdict and evidence (trajectory ids)."""
+    from searchrl.evaluation.audit import audit_run  # numpy: not for --help
+
     try:
         reader = RunReader(run)
         report = audit_run(run, last_steps=last_steps or None, trajectory_files=trajectories)
@@ -390,6 +390,8 @@ def report_command(
     ] = None,
 ) -> None:
     """Write one self-contained report.html: curves, headline figures, eval tables, audit, trajectories."""
+    from searchrl.evaluation.report import write_report  # numpy (matplotlib when it draws): not for --help
+
     data = json.loads(summary.read_text(encoding="utf-8")) if summary is not None else None
     runs = parse_compare(compare or [])
     try:

@@ -1,24 +1,33 @@
 """searchrl.models: the tiny offline model (tokenizer trained on the task, tiny Qwen2 policy/value) and
-loaders that take any local model directory."""
+loaders that take any local model directory.
 
-from searchrl.models.tiny import (
-    TinyModelConfig,
-    build_policy,
-    build_value_model,
-    load_policy,
-    load_tokenizer,
-    load_value_model,
-    tokenizer_training_texts,
-    train_tokenizer,
-)
+Names are imported lazily from `searchrl.models.tiny` (torch, transformers and trl), so that importing a
+light submodule such as the `searchrl models` commands loads none of them.
+"""
 
-__all__ = [
-    "TinyModelConfig",
-    "build_policy",
-    "build_value_model",
-    "load_policy",
-    "load_tokenizer",
-    "load_value_model",
-    "tokenizer_training_texts",
-    "train_tokenizer",
-]
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    name: "searchrl.models.tiny"
+    for name in (
+        "TinyModelConfig",
+        "build_policy",
+        "build_value_model",
+        "load_policy",
+        "load_tokenizer",
+        "load_value_model",
+        "tokenizer_training_texts",
+        "train_tokenizer",
+    )
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'searchrl.models' has no attribute {name!r}")
+    return getattr(importlib.import_module(_EXPORTS[name]), name)

@@ -13,7 +13,6 @@ from typing import Annotated
 import typer
 
 from searchrl.common.run import RunTargetError
-from searchrl.models.export import ExportError, export_checkpoint
 from searchrl.models.gguf import (
     MANIFEST_NAME,
     TOOL_TEMPLATE_NAME,
@@ -154,6 +153,8 @@ def export_command(
     ] = True,
 ) -> None:
     """Export a checkpoint's policy as a plain Hugging Face model folder (a LoRA adapter merged into its base)."""
+    from searchrl.models.export import ExportError, export_checkpoint  # torch, transformers: not for --help
+
     try:
         result = export_checkpoint(
             run,

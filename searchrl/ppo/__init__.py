@@ -2,64 +2,42 @@
 
 The math lives in small modules that the trainer calls on `(batch, T)` tensors: `kl` (estimators,
 controllers), `advantages` (reward placement, GAE over action tokens, whitening) and `losses`
-(clipped policy and value losses); `config` holds `PPOConfig`. `PPOTrainer` is imported lazily from
-`searchrl.ppo.trainer` so that using the math does not import transformers.
+(clipped policy and value losses); `config` holds `PPOConfig`. Names are imported lazily: reading a
+`PPOConfig` (the CLI, the run reader) imports no torch, and using the math imports no transformers.
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
-from searchrl.ppo.advantages import (
-    apply_missing_eos_penalty,
-    compute_gae,
-    last_action_index,
-    masked_explained_variance,
-    masked_mean,
-    masked_var,
-    masked_whiten,
-    place_rewards,
-)
-from searchrl.ppo.config import PPOConfig
-from searchrl.ppo.kl import (
-    KL_ESTIMATORS,
-    AdaptiveKLController,
-    FixedKLController,
-    kl_penalty,
-    make_kl_controller,
-    per_sequence_kl,
-    sequence_kl,
-)
-from searchrl.ppo.losses import entropy_from_logits, policy_loss, value_loss
+_EXPORTS = {
+    "PPOConfig": "searchrl.ppo.config",
+    "KL_ESTIMATORS": "searchrl.ppo.config",
+    "apply_missing_eos_penalty": "searchrl.ppo.advantages",
+    "compute_gae": "searchrl.ppo.advantages",
+    "last_action_index": "searchrl.ppo.advantages",
+    "masked_explained_variance": "searchrl.ppo.advantages",
+    "masked_mean": "searchrl.ppo.advantages",
+    "masked_var": "searchrl.ppo.advantages",
+    "masked_whiten": "searchrl.ppo.advantages",
+    "place_rewards": "searchrl.ppo.advantages",
+    "AdaptiveKLController": "searchrl.ppo.kl",
+    "FixedKLController": "searchrl.ppo.kl",
+    "kl_penalty": "searchrl.ppo.kl",
+    "make_kl_controller": "searchrl.ppo.kl",
+    "per_sequence_kl": "searchrl.ppo.kl",
+    "sequence_kl": "searchrl.ppo.kl",
+    "entropy_from_logits": "searchrl.ppo.losses",
+    "policy_loss": "searchrl.ppo.losses",
+    "value_loss": "searchrl.ppo.losses",
+    "PPOTrainer": "searchrl.ppo.trainer",
+}
 
-__all__ = [
-    "KL_ESTIMATORS",
-    "AdaptiveKLController",
-    "FixedKLController",
-    "PPOConfig",
-    "PPOTrainer",
-    "apply_missing_eos_penalty",
-    "compute_gae",
-    "entropy_from_logits",
-    "kl_penalty",
-    "last_action_index",
-    "make_kl_controller",
-    "masked_explained_variance",
-    "masked_mean",
-    "masked_var",
-    "masked_whiten",
-    "per_sequence_kl",
-    "place_rewards",
-    "policy_loss",
-    "sequence_kl",
-    "value_loss",
-]
+__all__ = sorted(_EXPORTS)
 
 
 def __getattr__(name: str) -> Any:
-    # The trainer pulls in transformers and accelerate (seconds to import); load it only when asked for.
-    if name == "PPOTrainer":
-        from searchrl.ppo.trainer import PPOTrainer
-
-        return PPOTrainer
-    raise AttributeError(f"module 'searchrl.ppo' has no attribute {name!r}")
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'searchrl.ppo' has no attribute {name!r}")
+    return getattr(importlib.import_module(_EXPORTS[name]), name)

@@ -34,7 +34,6 @@ import math
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal, Self
 
-from searchrl.ppo.kl import KL_ESTIMATORS
 from searchrl.sections import (
     DataSection,
     EnvironmentSection,
@@ -47,6 +46,8 @@ from searchrl.sections import (
     require_choice,
 )
 
+# The per-token estimators `ppo.kl.kl_penalty` computes; named here so that reading a config imports no torch.
+KL_ESTIMATORS: tuple[str, ...] = ("k1", "k2", "k3")
 VALUE_MODES = ("separate", "shared_backbone")
 MIXED_PRECISION_MODES = ("no", "bf16", "fp16")
 

@@ -23,8 +23,9 @@ from typing import Any, Literal, Protocol
 
 import torch
 
+from searchrl.ppo.config import KL_ESTIMATORS
+
 KLEstimator = Literal["k1", "k2", "k3"]
-KL_ESTIMATORS: tuple[str, ...] = ("k1", "k2", "k3")
 
 
 def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str = "k1") -> torch.Tensor:

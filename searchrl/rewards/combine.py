@@ -27,7 +27,6 @@ from typing import Any
 from searchrl.common.config import ConfigError, load_config
 from searchrl.common.trajectory import Trajectory
 from searchrl.rewards.citation import CitationReward, FabricationCount
-from searchrl.rewards.judge import ModelJudgeReward
 from searchrl.rewards.qa import ContainsReward, ExactMatchReward, F1Reward
 from searchrl.rewards.shaping import (
     AnswerLengthPenalty,
@@ -42,6 +41,14 @@ RewardFunc = Callable[[Trajectory], float]
 
 METRIC_PREFIX = "metric/"
 
+
+def model_judge(**params: Any) -> RewardFunc:
+    """`ModelJudgeReward(**params)`: params model_path_or_model (a local dir), max_length, squash, max_docs."""
+    from searchrl.rewards.judge import ModelJudgeReward  # torch: only a rubric that names a judge loads it
+
+    return ModelJudgeReward(**params)
+
+
 # name in YAML -> factory taking the function's parameters as keyword arguments.
 REWARD_FUNCTIONS: dict[str, Callable[..., RewardFunc]] = {
     "exact_match": ExactMatchReward,
@@ -55,7 +62,7 @@ REWARD_FUNCTIONS: dict[str, Callable[..., RewardFunc]] = {
     "safety": SafetyPenalty,
     "answer_length": AnswerLengthPenalty,
     "num_searches": SearchCount,
-    "model_judge": ModelJudgeReward,  # params: model_path_or_model (a local dir), max_length, squash, max_docs
+    "model_judge": model_judge,
 }
 
 

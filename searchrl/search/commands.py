@@ -10,7 +10,6 @@ from pathlib import Path
 import typer
 
 from searchrl.search.base import SearchError
-from searchrl.search.dense import DEVICE_ENV_VAR, MODEL_ENV_VAR
 
 
 class BackendName(StrEnum):
@@ -202,7 +201,8 @@ def serve_command(
     ),
 ) -> None:
     """Serve an index over HTTP: Search-R1 POST /retrieve, FlashRAG POST /batch_search, GET /health."""
-    # bm25s, numba and fastapi: loaded when the server starts.
+    # bm25s, numba, fastapi and the dense encoder's module: loaded when the server starts.
+    from searchrl.search.dense import DEVICE_ENV_VAR, MODEL_ENV_VAR
     from searchrl.search.index import IndexFormatError
     from searchrl.search.server import ServerLimits, serve
 

@@ -3,33 +3,38 @@
 `expert` runs an expert policy through the real environment and rollout engine (forced turns, with a
 noise knob for imperfect demonstrations); `warm_start` trains a policy on those trajectories with TRL's
 SFTTrainer, loss on the policy's own tokens only; `commands` is the `searchrl sft` CLI.
+
+Names are imported lazily, so that importing `searchrl.sft.commands` (the CLI) loads no torch. The
+function `warm_start` is imported from `searchrl.sft.warm_start` (the package attribute of that name is
+the module).
 """
 
-from searchrl.sft.expert import NOISE_KINDS, ExpertConfig, ExpertForcing, ExpertPolicy
-from searchrl.sft.warm_start import (
-    SFTOutcome,
-    SFTRunConfig,
-    SFTWarmStartConfig,
-    dev_tool_call_rate,
-    prompt_texts,
-    run_sft,
-    sft_dataset,
-    sft_example,
-    warm_start,
-)
+from __future__ import annotations
 
-__all__ = [
-    "NOISE_KINDS",
-    "ExpertConfig",
-    "ExpertForcing",
-    "ExpertPolicy",
-    "SFTOutcome",
-    "SFTRunConfig",
-    "SFTWarmStartConfig",
-    "dev_tool_call_rate",
-    "prompt_texts",
-    "run_sft",
-    "sft_dataset",
-    "sft_example",
-    "warm_start",
-]
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    **dict.fromkeys(("NOISE_KINDS", "ExpertConfig", "ExpertForcing", "ExpertPolicy"), "searchrl.sft.expert"),
+    **dict.fromkeys(
+        (
+            "SFTOutcome",
+            "SFTRunConfig",
+            "SFTWarmStartConfig",
+            "dev_tool_call_rate",
+            "prompt_texts",
+            "run_sft",
+            "sft_dataset",
+            "sft_example",
+        ),
+        "searchrl.sft.warm_start",
+    ),
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'searchrl.sft' has no attribute {name!r}")
+    return getattr(importlib.import_module(_EXPORTS[name]), name)

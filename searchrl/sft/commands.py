@@ -16,19 +16,6 @@ from searchrl.common.config import ConfigError, load_config
 from searchrl.common.io import atomic_write_json, read_jsonl
 from searchrl.common.trajectory import read_trajectories
 from searchrl.data.datasets import DatasetError, load_qa
-from searchrl.models.tiny import TinyModelConfig, build_value_model, load_tokenizer, load_value_model
-from searchrl.rewards.reward_model import (
-    RewardModelConfig,
-    build_preference_pairs,
-    evaluate_reward_model,
-    load_preference_dataset,
-    pairs_dataset,
-    pairwise_accuracy,
-    save_reward_model,
-    split_pairs,
-    train_reward_model,
-)
-from searchrl.sft.warm_start import SFTRunConfig, run_warm_start_pipeline
 
 reward_model_app = typer.Typer(
     help="The learned reward model: train on preference pairs (TRL RewardTrainer), evaluate pairwise accuracy.",
@@ -83,6 +70,9 @@ def _sft_command(
     ] = None,
 ) -> None:
     """Warm-start a policy: the expert solves training questions in the real environment, then SFT on them."""
+    # torch, transformers, trl and datasets: loaded when a command runs, not for --help.
+    from searchrl.sft.warm_start import SFTRunConfig, run_warm_start_pipeline
+
     overrides: dict[str, Any] = {}
     if noise is not None:
         overrides["expert.noise"] = noise
@@ -125,6 +115,13 @@ def _rm_datasets(
     pairs: Path | None, trajectories: list[Path] | None, cfg: Any
 ) -> tuple[Any, Any | None, int]:
     """(train, held-out, number of pairs) from a user preference file or from trajectories."""
+    from searchrl.rewards.reward_model import (  # torch and datasets, as in `sft`
+        build_preference_pairs,
+        load_preference_dataset,
+        pairs_dataset,
+        split_pairs,
+    )
+
     if (pairs is None) == (not trajectories):
         _fail("give exactly one of --pairs (a preference dataset) or --trajectories (trajectory JSONL files)")
     if pairs is not None:
@@ -172,6 +169,14 @@ def rm_train(
     config: Annotated[Path | None, typer.Option("--config", help="YAML of RewardModelConfig fields.")] = None,
 ) -> None:
     """Train a reward model with TRL's RewardTrainer and report pairwise accuracy on held-out pairs."""
+    # torch, transformers and trl, as in `sft`.
+    from searchrl.models.tiny import TinyModelConfig, build_value_model, load_tokenizer, load_value_model
+    from searchrl.rewards.reward_model import (
+        RewardModelConfig,
+        save_reward_model,
+        train_reward_model,
+    )
+
     try:
         cfg = load_config(RewardModelConfig, config)
     except ConfigError as e:
@@ -210,6 +215,17 @@ def rm_eval(
     ] = None,
 ) -> None:
     """Pairwise accuracy (chosen scored above rejected) and TRL's eval metrics of a saved reward model."""
+    # torch, transformers and trl, as in `sft`.
+    from searchrl.models.tiny import load_tokenizer, load_value_model
+    from searchrl.rewards.reward_model import (
+        RewardModelConfig,
+        build_preference_pairs,
+        evaluate_reward_model,
+        load_preference_dataset,
+        pairs_dataset,
+        pairwise_accuracy,
+    )
+
     if (pairs is None) == (not trajectories):
         _fail("give exactly one of --pairs or --trajectories")
     try:

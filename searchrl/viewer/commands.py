@@ -7,8 +7,6 @@ from typing import Annotated
 
 import typer
 
-from searchrl.viewer.server import RunDirError, check_run_dir, serve
-
 
 def view_command(
     run: Annotated[
@@ -24,6 +22,8 @@ def view_command(
     port: Annotated[int, typer.Option("--port", min=1, max=65535, help="TCP port of the page.")] = 8765,
 ) -> None:
     """Browse trajectories: pick a source (training, an evaluation), filter, then read one token by token."""
+    from searchrl.viewer.server import RunDirError, check_run_dir, serve  # fastapi: not for --help
+
     try:
         reader = check_run_dir(run)
     except RunDirError as err:
