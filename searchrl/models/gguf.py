@@ -501,7 +501,6 @@ def import_gguf(
     if hasattr(model.config, "_model_name_or_path"):  # the GGUF's general.name, kept by the converter
         delattr(model.config, "_model_name_or_path")
     n_params = sum(p.numel() for p in model.parameters())
-    import torch  # for the manifest's versions; dequantised_model has loaded it
 
     out_path.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out_path.name}.importing-", dir=out_path.parent))
@@ -545,7 +544,7 @@ def import_gguf(
             "chat_template": template_facts,
             "versions": {
                 "transformers": importlib.metadata.version("transformers"),
-                "torch": torch.__version__,
+                "torch": importlib.metadata.version("torch"),
                 "gguf": gguf_version,
                 "searchrl": _version("searchrl"),
             },
