@@ -14,12 +14,12 @@ import torch
 from datasets import Dataset
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from worlds import TINY_ONE_LAYER
 
 from searchrl.common.io import write_jsonl
 from searchrl.data.synthetic import generate, preset_config
 from searchrl.env.environment import EnvConfig, SearchEnvironment
 from searchrl.models.tiny import (
-    TinyModelConfig,
     build_policy,
     build_value_model,
     load_value_model,
@@ -47,9 +47,7 @@ from searchrl.search.index import build_index
 from searchrl.sft.expert import ExpertConfig, ExpertPolicy
 from searchrl.sft.warm_start import prompt_texts
 
-SCORER = TinyModelConfig(
-    hidden_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, intermediate_size=64
-)
+SCORER = TINY_ONE_LAYER
 
 # -- the loss (rl_methods.md §8 item 24) -------------------------------------------------------------
 

@@ -12,13 +12,14 @@ import dataclasses
 
 import pytest
 import torch
+from worlds import TINY_WIDE
 
 from searchrl.common.config import ConfigError
 from searchrl.common.io import write_jsonl
 from searchrl.common.trajectory import Trajectory
 from searchrl.data.synthetic import generate, preset_config
 from searchrl.env.environment import EnvConfig, SearchEnvironment
-from searchrl.models.tiny import TinyModelConfig, build_policy, tokenizer_training_texts, train_tokenizer
+from searchrl.models.tiny import build_policy, tokenizer_training_texts, train_tokenizer
 from searchrl.search.index import build_index
 from searchrl.sft.expert import ExpertConfig, ExpertPolicy
 from searchrl.sft.warm_start import (
@@ -33,9 +34,7 @@ from searchrl.sft.warm_start import (
     warm_start,
 )
 
-MODEL = TinyModelConfig(
-    hidden_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, intermediate_size=128
-)
+MODEL = TINY_WIDE
 TRAIN = SFTWarmStartConfig(
     learning_rate=1e-2, max_steps=150, per_device_train_batch_size=4, warmup_ratio=0.1, logging_steps=1
 )
