@@ -6,7 +6,8 @@ fixtures therefore live here, and test modules just name them as arguments:
 
 - `world`: the Varnholt world (BM25 index, tokenizer, untrained tiny policy; `worlds.build_varnholt_world`).
 - `rollout_world`: the rollout tests' world (the same index, a wider model; `worlds.build_rollout_world`).
-- `grpo_world`: the synthetic task and a tiny policy warm-started to search (`worlds.build_grpo_world`).
+- `synthetic_index(seed)`: the synthetic task at toy size and its BM25 index (`worlds.build_synthetic_index`).
+- `grpo_world`: a tiny policy warm-started to search the synthetic task (`worlds.build_grpo_world`).
 - `toy_index_dir`, `toy_bm25`, `toy_server`: the search tests' toy corpus (`test_search_support.TOY_DOCS`)
   indexed with BM25, and served by a real `searchrl.search.server` process.
 - `smollm2_import`, `smollm2_dir`: the real-model import (`real_model_support.py`: 20-35 s and 1.3 GB).
@@ -21,14 +22,21 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from real_model_support import smollm2_dir, smollm2_import  # noqa: F401
 from test_search_support import TOY_SERVER_TOKEN, ServerProcess, write_corpus
-from worlds import GrpoWorld, build_grpo_world, build_rollout_world, build_varnholt_world
+from worlds import (
+    GrpoWorld,
+    SyntheticIndex,
+    build_grpo_world,
+    build_rollout_world,
+    build_synthetic_index,
+    build_varnholt_world,
+)
 
 from searchrl.search.index import build_index, load_index
 
@@ -58,8 +66,24 @@ def rollout_world(rollout_world_once: dict[str, Any]) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="session")
-def grpo_world_once(tmp_path_factory: pytest.TempPathFactory) -> GrpoWorld:
-    return build_grpo_world(tmp_path_factory.mktemp("grpo_world"))
+def synthetic_index(tmp_path_factory: pytest.TempPathFactory) -> Callable[[int], SyntheticIndex]:
+    """`synthetic_index(seed)`: the synthetic task ("tiny" preset) of `seed` and its BM25 index, built once
+    per seed; each call gets its own copy of the task (rows are dicts a test may change)."""
+    built: dict[int, SyntheticIndex] = {}
+
+    def get(seed: int) -> SyntheticIndex:
+        if seed not in built:
+            built[seed] = build_synthetic_index(tmp_path_factory.mktemp(f"synthetic_{seed}"), seed)
+        return dataclasses.replace(built[seed], task=copy.deepcopy(built[seed].task))
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def grpo_world_once(
+    tmp_path_factory: pytest.TempPathFactory, synthetic_index: Callable[[int], SyntheticIndex]
+) -> GrpoWorld:
+    return build_grpo_world(tmp_path_factory.mktemp("grpo_world"), synthetic_index(0))
 
 
 @pytest.fixture(scope="module")

@@ -16,8 +16,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from worlds import TINY_ONE_LAYER
 
-from searchrl.common.io import write_jsonl
-from searchrl.data.synthetic import generate, preset_config
 from searchrl.env.environment import EnvConfig, SearchEnvironment
 from searchrl.models.tiny import (
     build_policy,
@@ -43,7 +41,6 @@ from searchrl.rewards.reward_model import (
     split_pairs,
     train_reward_model,
 )
-from searchrl.search.index import build_index
 from searchrl.sft.expert import ExpertConfig, ExpertPolicy
 from searchrl.sft.warm_start import prompt_texts
 
@@ -82,13 +79,10 @@ def test_bt_loss_is_log2_at_equal_rewards_and_centering_vanishes_at_opposite_rew
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory):
+def world(synthetic_index):
     torch.set_num_threads(1)
-    root = tmp_path_factory.mktemp("rm")
-    task = generate(preset_config("tiny", seed=5))
-    write_jsonl(root / "corpus.jsonl", task.corpus)
-    backend = build_index(root / "corpus.jsonl", root / "index", backend="bm25")
-    backend.search(["warm up"], 1)
+    synthetic = synthetic_index(5)
+    task, backend = synthetic.task, synthetic.backend
     rows = task.splits["train"][:16]
     probe = SearchEnvironment(backend, EnvConfig())
     tok = train_tokenizer(
@@ -105,7 +99,7 @@ def world(tmp_path_factory):
         for t in batch:  # the engine numbers trajectories per call; keep the two runs' ids apart
             t.id = f"{t.id}/noise={noise}"
         trajs += batch
-    return {"task": task, "tok": tok, "trajs": trajs, "rows": rows, "root": root}
+    return {"task": task, "tok": tok, "trajs": trajs, "rows": rows}
 
 
 def test_pairs_pair_correct_supported_with_wrong_unsupported_or_malformed(world):

@@ -5,8 +5,8 @@ two-hop questions (Varnholt → Quessa → Orlenn → Amsel Drov → Tiberk → 
 it, a document that tries a prompt injection, the tiny model configurations the tests build (from a
 config, nothing downloaded), and the builders of the worlds several modules train in: the Varnholt
 world (index, tokenizer, untrained policy: conftest's `world`), the rollout tests' world (the same index,
-another tokenizer, a wider model: `rollout_world`) and the GRPO world (synthetic task,
-warm-started policy: conftest's `grpo_world`). The builders are plain functions so that scripts run in
+another tokenizer, a wider model: `rollout_world`), the synthetic task's index (`synthetic_index`) and the
+GRPO world on it (a warm-started policy: `grpo_world`). The builders are plain functions so that scripts run in
 another process (test_ppo_distributed's workers) build the same world. Modules take slices of the
 corpus (`VARNHOLT_CORPUS[:4]`) where a smaller index keeps a test fast; a test whose world must differ
 (another corpus, questions with hop counts) keeps its own and says why.
@@ -99,6 +99,29 @@ def build_rollout_world(root: Path) -> dict[str, Any]:
     return {"backend": backend, "tok": tok, "model": build_policy(tok, SMALL_GQA)}
 
 
+@dataclass
+class SyntheticIndex:
+    task: Any  # searchrl.data.synthetic.SyntheticTask
+    corpus: Path
+    index_dir: Path
+    backend: Any
+
+
+def build_synthetic_index(root: Path, seed: int) -> SyntheticIndex:
+    """The synthetic task at toy size (preset "tiny", `seed`) and its BM25 index under `root`.
+
+    conftest.py's `synthetic_index(seed)`; the tokenizers built on it differ from module to module.
+    """
+    from searchrl.common.io import write_jsonl
+    from searchrl.data.synthetic import generate, preset_config
+
+    task = generate(preset_config("tiny", seed=seed))
+    write_jsonl(root / "corpus.jsonl", task.corpus)
+    backend = build_index(root / "corpus.jsonl", root / "index", backend="bm25")
+    backend.search(["warm up"], 1)  # the first match JIT-compiles: keep it out of every test
+    return SyntheticIndex(task, root / "corpus.jsonl", root / "index", backend)
+
+
 # -- the GRPO world: the synthetic task and a policy warm-started to search ----------------------------
 
 # Supervised warm-start steps and learning rate: enough that sampled rollouts usually search and answer.
@@ -183,24 +206,20 @@ def _warm_start(policy: Any, tokenizer: Any, backend: Any, env_config: Any, rows
         optimizer.zero_grad()
 
 
-def build_grpo_world(root: Path) -> GrpoWorld:
-    """The synthetic task's BM25 index and a `TINY_WIDE` policy warm-started to search, saved to `root/policy`.
+def build_grpo_world(root: Path, synthetic: SyntheticIndex) -> GrpoWorld:
+    """A `TINY_WIDE` policy warm-started to search the synthetic task (seed 0), saved to `root/policy`.
 
     Without the warm start an untrained model never calls the tool, and the GRPO tests' observation-mask
     checks would check nothing. conftest.py's `grpo_world`.
     """
     import torch
 
-    from searchrl.common.io import write_jsonl
-    from searchrl.data.synthetic import generate, preset_config
     from searchrl.env.environment import SearchEnvironment
     from searchrl.grpo.trainer import env_config_for
     from searchrl.rollout.chat import render_conversation
 
     torch.manual_seed(0)
-    task = generate(preset_config("tiny", seed=0))
-    write_jsonl(root / "corpus.jsonl", task.corpus)
-    backend = build_index(root / "corpus.jsonl", root / "index", overwrite=True)
+    task, backend = synthetic.task, synthetic.backend
     rows = [r for r in task.splits["train"] if r["hops"] == 1][:2]
     texts = tokenizer_training_texts(task.corpus, task.splits["train"])
     env_config = env_config_for(grpo_config(root, "our_rollout"))
