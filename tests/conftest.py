@@ -15,7 +15,8 @@ fixtures therefore live here, and test modules just name them as arguments:
 The expensive part of each world is built once per session. What tests change is not shared: each module
 gets its own copy of the tokenizer and policy (TRL's GRPOTrainer sets a response template on the
 tokenizer it is given; trainers update the weights they are given), and the GRPO world gives each module
-its own root, where its runs write. The search indexes are only read, so every module shares one; each module starts its own toy server.
+its own root, where its runs write. The search indexes are only read, so every module shares one; each
+module starts its own toy server. A module whose world differs defines its own fixture and says why.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ def varnholt_world_once(tmp_path_factory: pytest.TempPathFactory) -> dict[str, A
 
 @pytest.fixture(scope="module")
 def world(varnholt_world_once: dict[str, Any]) -> dict[str, Any]:
-    """The Varnholt world: `backend` (shared), `tok` and `policy` (this module's copies), `root` (the index's)."""
+    """The Varnholt world: `backend` (shared), `tok` and `policy` (this module's copies), `root`."""
     once = varnholt_world_once
     return {**once, "tok": copy.deepcopy(once["tok"]), "policy": copy.deepcopy(once["policy"])}
 

@@ -1,8 +1,9 @@
 """GRPO through TRL 1.16's GRPOTrainer, both modes, on the tiny model with a real BM25 index.
 
 The policy is warm-started in the `grpo_world` fixture (conftest.py, `worlds.build_grpo_world`: a hundred
-supervised steps on expert episodes that went through the real engine and environment), so that sampled rollouts really search: without it an untrained
-model never calls the tool and the observation-mask checks would check nothing.
+supervised steps on expert episodes that went through the real engine and environment), so that sampled
+rollouts really search: without it an untrained model never calls the tool and the observation-mask checks
+would check nothing.
 """
 
 from __future__ import annotations

@@ -2,9 +2,9 @@
 
 `tests/fixtures/rollout_golden.json` holds what the rollout produced for a fixed world (conftest.py's
 `rollout_world`: the tiny tokenizer and model, the Varnholt BM25 index) and fixed seeds: token ids, action
-masks, logprobs, spans, messages, tool calls, terminations and the model-token counters, for the HF KV-cache engine (scripted,
-free sampling with filters, greedy, search_r1, heavy cache compaction), model-free replay, and
-`VLLMGenerator` over `HFTokenEngine`; plus a sweep of episode token budgets that walks every budget edge
+masks, logprobs, spans, messages, tool calls, terminations and the model-token counters, for the HF KV-cache
+engine (scripted, free sampling with filters, greedy, search_r1, heavy cache compaction), model-free replay,
+and `VLLMGenerator` over `HFTokenEngine`; plus a sweep of episode token budgets that walks every budget edge
 of a two-search episode in both protocols (where an observation stops fitting, where a turn ends the
 episode). A change to the loop, an engine, the budget accounting or the template glue that moves a
 single token fails here.

@@ -5,11 +5,11 @@ two-hop questions (Varnholt → Quessa → Orlenn → Amsel Drov → Tiberk → 
 it, a document that tries a prompt injection, the tiny model configurations the tests build (from a
 config, nothing downloaded), and the builders of the worlds several modules train in: the Varnholt
 world (index, tokenizer, untrained policy: conftest's `world`), the rollout tests' world (the same index,
-another tokenizer, a wider model: `rollout_world`), the synthetic task's index (`synthetic_index`) and the
-GRPO world on it (a warm-started policy: `grpo_world`). The builders are plain functions so that scripts run in
-another process (test_ppo_distributed's workers) build the same world. Modules take slices of the
-corpus (`VARNHOLT_CORPUS[:4]`) where a smaller index keeps a test fast; a test whose world must differ
-(another corpus, questions with hop counts) keeps its own and says why.
+another tokenizer, a wider model: `rollout_world`), the synthetic task's index (`synthetic_index`) and
+the GRPO world on it (a warm-started policy: `grpo_world`). The builders are plain functions so that
+scripts run in another process (test_ppo_distributed's workers) build the same world. Modules take
+slices of the corpus (`VARNHOLT_CORPUS[:4]`) where a smaller index keeps a test fast; a test whose world
+must differ (another corpus, questions with hop counts) keeps its own and says why.
 
 Imported as a plain module (pytest puts `tests/` on `sys.path`), like `real_model_support.py`.
 """
