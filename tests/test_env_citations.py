@@ -110,17 +110,13 @@ def test_an_unknown_style_is_refused() -> None:
         EnvConfig(citation_style="title")
 
 
-def test_the_expert_cites_the_number_it_was_shown(tmp_path) -> None:
-    from searchrl.common.io import write_jsonl
-    from searchrl.data.synthetic import generate, preset_config
+def test_the_expert_cites_the_number_it_was_shown(synthetic_index) -> None:
     from searchrl.models.tiny import tokenizer_training_texts, train_tokenizer
     from searchrl.rewards.combine import default_rubric
-    from searchrl.search.index import build_index
     from searchrl.sft.expert import ExpertConfig, ExpertPolicy
 
-    task = generate(preset_config("tiny", seed=0))
-    write_jsonl(tmp_path / "corpus.jsonl", task.corpus)
-    backend = build_index(tmp_path / "corpus.jsonl", tmp_path / "index", backend="bm25")
+    synthetic = synthetic_index(0)
+    task, backend = synthetic.task, synthetic.backend
     rows = task.splits["train"][:24]
     tok = train_tokenizer(tokenizer_training_texts(task.corpus, rows), vocab_size=600)
     cfg = EnvConfig(citation_style="number", topk=1, max_turns=4, max_tool_calls=3)

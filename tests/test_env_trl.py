@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
 import json
 import os
@@ -10,6 +9,7 @@ import time
 
 import pytest
 from transformers.utils import get_json_schema
+from worlds import TINY_ONE_LAYER
 
 from searchrl.env.environment import EnvConfig
 from searchrl.env.trl_adapter import SearchToolEnv, make_environment_factory
@@ -128,13 +128,12 @@ def test_grpo_trainer_accepts_the_factory_and_calls_search(tmp_path) -> None:
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
-    from searchrl.models.tiny import TinyModelConfig, build_policy, tokenizer_training_texts, train_tokenizer
+    from searchrl.models.tiny import build_policy, tokenizer_training_texts, train_tokenizer
 
     rows = [{"title": t, "contents": x} for _, t, x in DOCS]
     qa = [{"question": "What is the capital of France?", "golds": ["Paris"]}]
     tokenizer = train_tokenizer(tokenizer_training_texts(rows * 3, qa * 3), vocab_size=400)
-    small = TinyModelConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1)
-    model = build_policy(tokenizer, dataclasses.replace(small, intermediate_size=64))
+    model = build_policy(tokenizer, TINY_ONE_LAYER)
     backend = TinyBackend()
     factory = make_environment_factory(backend, EnvConfig())
     dataset = Dataset.from_list(

@@ -15,6 +15,7 @@ import re
 import pytest
 import torch
 from typer.testing import CliRunner
+from worlds import TINY_ONE_LAYER
 
 from searchrl.cli import app
 from searchrl.common.config import save_config
@@ -28,7 +29,7 @@ from searchrl.evaluation.benchmarks import (
     find_benchmark_files,
 )
 from searchrl.evaluation.report import write_report
-from searchrl.models.tiny import TinyModelConfig, build_policy, tokenizer_training_texts, train_tokenizer
+from searchrl.models.tiny import build_policy, tokenizer_training_texts, train_tokenizer
 from searchrl.ppo.config import PPOConfig
 from searchrl.rollout.generator import HFGenerator, ScriptedPolicy
 from searchrl.search.index import build_index
@@ -95,7 +96,7 @@ def world(tmp_path_factory):
         progress_bar=False,
     )
     save_config(config, run / "config.yaml")
-    policy = build_policy(tok, TinyModelConfig(hidden_size=32, num_hidden_layers=1, intermediate_size=64))
+    policy = build_policy(tok, TINY_ONE_LAYER)
     folder = run / "checkpoints" / "step-1"
     policy.save_pretrained(folder / "policy")
     tok.save_pretrained(folder / "policy")

@@ -16,6 +16,7 @@ import pytest
 import torch
 from test_run_targets_support import UNSEEN_CORPUS, UNSEEN_QUESTIONS, forced_turns, unseen_world
 from typer.testing import CliRunner
+from worlds import TINY_ONE_LAYER
 
 from searchrl.cli import app
 from searchrl.common.config import save_config
@@ -32,15 +33,13 @@ from searchrl.evaluation.evaluate import (
     generation_config_from_ppo,
     trajectories_path,
 )
-from searchrl.models.tiny import TinyModelConfig, build_policy, tokenizer_training_texts, train_tokenizer
+from searchrl.models.tiny import build_policy, tokenizer_training_texts, train_tokenizer
 from searchrl.ppo.config import PPOConfig
 from searchrl.rewards.combine import default_rubric
 from searchrl.rollout.generator import HFGenerator, ScriptedPolicy
 from searchrl.search.index import build_index
 
-TINY = TinyModelConfig(
-    hidden_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, intermediate_size=64
-)
+TINY = TINY_ONE_LAYER
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +66,7 @@ def world(tmp_path_factory):
     (run / "checkpoints").mkdir(parents=True)
     save_config(config, run / "config.yaml")
     for step in (1, 2):
-        policy = build_policy(tok, TinyModelConfig(**{**TINY.__dict__, "seed": step}))
+        policy = build_policy(tok, dataclasses.replace(TINY, seed=step))
         folder = run / "checkpoints" / f"step-{step}"
         policy.save_pretrained(folder / "policy")
         tok.save_pretrained(folder / "policy")

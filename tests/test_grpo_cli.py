@@ -76,9 +76,11 @@ def test_max_steps_replaces_the_episode_budget_and_options_beat_set() -> None:
 
 
 def test_one_step_from_files_writes_the_run_directory(tmp_path: Path) -> None:
+    from worlds import TINY_ONE_LAYER
+
     from searchrl.common.io import write_jsonl
     from searchrl.data.synthetic import generate, preset_config
-    from searchrl.models.tiny import TinyModelConfig, build_policy, tokenizer_training_texts, train_tokenizer
+    from searchrl.models.tiny import build_policy, tokenizer_training_texts, train_tokenizer
     from searchrl.search.index import build_index
 
     task = generate(preset_config("tiny", seed=1))
@@ -87,7 +89,7 @@ def test_one_step_from_files_writes_the_run_directory(tmp_path: Path) -> None:
     write_jsonl(tmp_path / "train.jsonl", task.splits["train"][:4])
     write_jsonl(tmp_path / "dev.jsonl", task.splits["dev"][:2])
     tok = train_tokenizer(tokenizer_training_texts(task.corpus, task.splits["train"]), vocab_size=600)
-    policy = build_policy(tok, TinyModelConfig(hidden_size=32, num_hidden_layers=1, intermediate_size=64))
+    policy = build_policy(tok, TINY_ONE_LAYER)
     policy.save_pretrained(tmp_path / "policy")
     tok.save_pretrained(tmp_path / "policy")
     config = {

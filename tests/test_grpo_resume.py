@@ -1,6 +1,6 @@
 """GRPO runs resume: a run killed after a checkpoint and resumed ends where the uninterrupted run ends.
 
-Both runs use the warm-started tiny policy and BM25 world of `test_grpo_trainer` (its module fixture).
+Both runs use the warm-started tiny policy and BM25 world of conftest.py's `grpo_world`.
 The killed run dies in `on_step_end` of step 3, after step 3's trajectories and dev evaluation were
 written but before its log line and before any checkpoint of step 3: the resume must drop what the killed
 run wrote after its step-2 checkpoint and continue the episode count, the clocks and the eval history.
@@ -14,19 +14,15 @@ from typing import Any
 
 import pytest
 import torch
-from test_grpo_trainer import World, base_config, make_world, read_metrics
+from test_grpo_trainer import read_metrics
 from transformers import TrainerCallback
+from worlds import GrpoWorld, grpo_config
 
 from searchrl.common.config import ConfigError
 from searchrl.grpo.trainer import build_grpo_trainer
 from searchrl.models.tiny import load_policy
 
 STEPS, SAVE_EVERY, KILL_AT = 4, 2, 3
-
-
-@pytest.fixture(scope="module")
-def world(tmp_path_factory: pytest.TempPathFactory) -> World:
-    return make_world(tmp_path_factory.mktemp("grpo-resume"))
 
 
 class Killed(RuntimeError):
@@ -44,8 +40,8 @@ class KillAt(TrainerCallback):
             raise Killed(f"killed at step {state.global_step}")
 
 
-def trainer_for(world: World, out: Path, mode: str, resume: bool = False, **kw: Any) -> Any:
-    cfg = base_config(
+def trainer_for(world: GrpoWorld, out: Path, mode: str, resume: bool = False, **kw: Any) -> Any:
+    cfg = grpo_config(
         world.root,
         mode,
         output_dir=str(out),
@@ -70,7 +66,7 @@ def eval_history(run: Path) -> list[dict]:
     return [json.loads(p.read_text()) for p in files]
 
 
-def kill_and_resume(world: World, tmp_path: Path, mode: str) -> tuple[Any, Any, Path, Path]:
+def kill_and_resume(world: GrpoWorld, tmp_path: Path, mode: str) -> tuple[Any, Any, Path, Path]:
     torch.manual_seed(0)
     straight = trainer_for(world, tmp_path / "a", mode)
     straight.train()
@@ -123,9 +119,9 @@ def assert_same_history(straight_run: Path, resumed_run: Path) -> None:
 
 @pytest.mark.parametrize("mode", ["our_rollout", "trl_loop"])
 def test_killed_and_resumed_run_matches_the_uninterrupted_run(
-    world: World, tmp_path: Path, mode: str
+    grpo_world: GrpoWorld, tmp_path: Path, mode: str
 ) -> None:
-    straight, resumed, straight_run, resumed_run = kill_and_resume(world, tmp_path, mode)
+    straight, resumed, straight_run, resumed_run = kill_and_resume(grpo_world, tmp_path, mode)
     assert resumed.state.global_step == straight.state.global_step == STEPS
     a, b = parameters(straight), parameters(resumed)
     differ = [n for n in a if not torch.equal(a[n], b[n])]
@@ -133,15 +129,17 @@ def test_killed_and_resumed_run_matches_the_uninterrupted_run(
     assert_same_history(straight_run, resumed_run)
 
 
-def test_resume_refuses_a_changed_group_or_batch_and_old_checkpoints(world: World, tmp_path: Path) -> None:
+def test_resume_refuses_a_changed_group_or_batch_and_old_checkpoints(
+    grpo_world: GrpoWorld, tmp_path: Path
+) -> None:
     out = tmp_path / "run"
-    trainer_for(world, out, "our_rollout").train()
-    cfg = base_config(world.root, "our_rollout", output_dir=str(out), num_generations=2, max_steps=STEPS)
-    policy = load_policy(world.policy_dir)
-    args = (policy, world.tokenizer, world.backend, world.train_rows, world.dev_rows)
+    trainer_for(grpo_world, out, "our_rollout").train()
+    cfg = grpo_config(grpo_world.root, "our_rollout", output_dir=str(out), num_generations=2, max_steps=STEPS)
+    policy = load_policy(grpo_world.policy_dir)
+    args = (policy, grpo_world.tokenizer, grpo_world.backend, grpo_world.train_rows, grpo_world.dev_rows)
     with pytest.raises(ConfigError, match="num_generations: 4 in the checkpointed run, 2 now"):
         build_grpo_trainer(cfg, *args, resume=True)
-    cfg = base_config(world.root, "trl_loop", output_dir=str(out), max_steps=STEPS)
+    cfg = grpo_config(grpo_world.root, "trl_loop", output_dir=str(out), max_steps=STEPS)
     with pytest.raises(ConfigError, match="mode: 'our_rollout' in the checkpointed run, 'trl_loop' now"):
         build_grpo_trainer(cfg, *args, resume=True)
     # A checkpoint without TRL's states (written before resume existed) is refused with what to do.
@@ -149,13 +147,13 @@ def test_resume_refuses_a_changed_group_or_batch_and_old_checkpoints(world: Worl
 
     for ckpt in (out / "checkpoints").iterdir():
         shutil.rmtree(ckpt / "trl")
-    cfg = base_config(world.root, "our_rollout", output_dir=str(out), max_steps=STEPS)
+    cfg = grpo_config(grpo_world.root, "our_rollout", output_dir=str(out), max_steps=STEPS)
     with pytest.raises(ConfigError, match="cannot be resumed.*Start a fresh run"):
         build_grpo_trainer(cfg, *args, resume=True)
 
 
-def test_resume_without_a_checkpoint_starts_fresh(world: World, tmp_path: Path) -> None:
-    trainer = trainer_for(world, tmp_path / "new", "our_rollout", resume=True)
+def test_resume_without_a_checkpoint_starts_fresh(grpo_world: GrpoWorld, tmp_path: Path) -> None:
+    trainer = trainer_for(grpo_world, tmp_path / "new", "our_rollout", resume=True)
     assert trainer.resume_checkpoint is None and trainer.run_callback.resume_state is None
 
 

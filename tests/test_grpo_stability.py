@@ -8,7 +8,8 @@ import json
 import math
 
 import pytest
-from test_grpo_trainer import base_config, make_world, read_metrics
+from test_grpo_trainer import read_metrics
+from worlds import grpo_config
 
 from searchrl.common.run import RunReader
 from searchrl.common.trajectory import Trajectory
@@ -17,14 +18,9 @@ from searchrl.grpo.trainer import build_grpo_trainer
 from searchrl.models.tiny import load_policy
 
 
-@pytest.fixture(scope="module")
-def world(tmp_path_factory):
-    return make_world(tmp_path_factory.mktemp("grpo_stability"))
-
-
-def test_health_monitors_and_the_best_checkpoint_in_a_tiny_grpo_run(world):
-    cfg = base_config(
-        world.root,
+def test_health_monitors_and_the_best_checkpoint_in_a_tiny_grpo_run(grpo_world):
+    cfg = grpo_config(
+        grpo_world.root,
         "our_rollout",
         max_steps=3,
         logging_steps=2,
@@ -34,9 +30,9 @@ def test_health_monitors_and_the_best_checkpoint_in_a_tiny_grpo_run(world):
         save_total_limit=1,
         num_sample_generations=1,
     )
-    policy = load_policy(world.policy_dir).train()
+    policy = load_policy(grpo_world.policy_dir).train()
     trainer = build_grpo_trainer(
-        cfg, policy, world.tokenizer, world.backend, world.train_rows, world.dev_rows
+        cfg, policy, grpo_world.tokenizer, grpo_world.backend, grpo_world.train_rows, grpo_world.dev_rows
     )
     trainer.train()
     run = cfg.run_dir

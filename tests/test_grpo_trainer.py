@@ -1,13 +1,13 @@
 """GRPO through TRL 1.16's GRPOTrainer, both modes, on the tiny model with a real BM25 index.
 
-The policy is warm-started in the module fixture (a few dozen supervised steps on expert episodes that
-went through the real engine and environment), so that sampled rollouts really search: without it an
-untrained model never calls the tool and the observation-mask checks would check nothing.
+The policy is warm-started in the `grpo_world` fixture (conftest.py, `worlds.build_grpo_world`: a hundred
+supervised steps on expert episodes that went through the real engine and environment), so that sampled
+rollouts really search: without it an untrained model never calls the tool and the observation-mask checks
+would check nothing.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import gzip
 import json
 from pathlib import Path
@@ -17,138 +17,26 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
+from worlds import TINY_ONE_LAYER, GrpoWorld, grpo_config
 
 from searchrl.common.config import ConfigError, load_config
-from searchrl.common.io import write_jsonl
-from searchrl.env.environment import EnvConfig, SearchEnvironment
-from searchrl.env.protocol import format_answer, format_tool_call
+from searchrl.env.environment import SearchEnvironment
+from searchrl.env.protocol import format_tool_call
 from searchrl.grpo.config import GRPORunConfig
 from searchrl.grpo.trainer import build_grpo_trainer, env_config_for
 from searchrl.grpo.trl_loop import spans_from_mask, tool_env_factory, unexecuted_call_records
 from searchrl.models.forward_patches import shares_storage
 from searchrl.models.tiny import (
-    TinyModelConfig,
     build_policy,
     load_policy,
-    tokenizer_training_texts,
-    train_tokenizer,
 )
-from searchrl.rollout.chat import prompt_ids, render_conversation
-from searchrl.rollout.generator import GenerationConfig, HFGenerator, ScriptedPolicy
+from searchrl.rollout.chat import prompt_ids
 
 REPO = Path(__file__).resolve().parents[1]
-# Supervised warm-start steps and learning rate: enough that sampled rollouts usually search and answer.
-WARM_STEPS, WARM_LR = 100, 1e-2
 
 
-@dataclasses.dataclass
-class World:
-    root: Path
-    tokenizer: Any
-    backend: Any
-    train_rows: list[dict]
-    dev_rows: list[dict]
-    policy_dir: Path
-
-
-def base_config(root: Path, mode: str, **overrides: Any) -> GRPORunConfig:
-    values: dict[str, Any] = dict(
-        mode=mode,
-        output_dir=str(root / f"run-{mode}"),
-        seed=3,
-        max_steps=2,
-        per_device_train_batch_size=8,
-        num_generations=4,
-        max_turns=2,
-        max_tool_calls=2,
-        max_new_tokens_per_turn=48,
-        max_episode_tokens=200,
-        max_observation_tokens=48,
-        topk=1,
-        tool_schema_in_prompt=False,  # compact prompts: the tiny model's tests run on short sequences
-        temperature=1.0,
-        learning_rate=1e-3,
-        eval_steps=2,
-        num_eval_questions=2,
-        eval_batch_size=2,
-    )
-    values.update(overrides)
-    return GRPORunConfig(**values)
-
-
-def expert_turns(row: dict) -> list[str]:
-    doc = list(row.get("supporting_doc_ids", []))[:1]
-    return [format_tool_call("search", {"query": row["question"]}), format_answer(row["golds"][0], doc)]
-
-
-def warm_start(policy: Any, tokenizer: Any, backend: Any, env_config: EnvConfig, rows: list[dict]) -> None:
-    """Supervised steps on the action tokens of expert episodes run through the real engine."""
-    gen = HFGenerator(
-        policy,
-        tokenizer,
-        GenerationConfig(max_new_tokens_per_turn=64, max_episode_tokens=400),
-        forcing=ScriptedPolicy(tokenizer, [expert_turns(r) for r in rows]),
-    )
-    envs = [SearchEnvironment(backend, env_config, tokenizer=tokenizer) for _ in rows]
-    trajs = gen.rollout(envs, [dict(r) for r in rows]).trajectories
-    assert all(t.termination == "answered" and len(t.tool_calls) == 1 for t in trajs)
-    width = max(len(t.input_ids) for t in trajs)
-    ids = torch.full((len(trajs), width), tokenizer.pad_token_id)
-    attention = torch.zeros_like(ids)
-    labels = torch.full_like(ids, -100)
-    for i, t in enumerate(trajs):
-        n = len(t.input_ids)
-        ids[i, :n] = torch.tensor(t.input_ids)
-        attention[i, :n] = 1
-        labels[i, :n] = torch.where(torch.tensor(t.action_mask).bool(), torch.tensor(t.input_ids), -100)
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=WARM_LR)
-    policy.train()
-    for _ in range(WARM_STEPS):
-        policy(input_ids=ids, attention_mask=attention, labels=labels).loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-
-
-@pytest.fixture(scope="module")
-def world(tmp_path_factory: pytest.TempPathFactory) -> World:
-    return make_world(tmp_path_factory.mktemp("grpo"))
-
-
-def make_world(root: Path) -> World:
-    """The BM25 world and the warm-started tiny policy (also used by tests/test_grpo_resume.py)."""
-    torch.manual_seed(0)
-    from searchrl.data.synthetic import generate, preset_config
-    from searchrl.search.index import build_index
-
-    task = generate(preset_config("tiny", seed=0))
-    write_jsonl(root / "corpus.jsonl", task.corpus)
-    backend = build_index(root / "corpus.jsonl", root / "index", overwrite=True)
-    rows = [r for r in task.splits["train"] if r["hops"] == 1][:2]
-    texts = tokenizer_training_texts(task.corpus, task.splits["train"])
-    env_config = env_config_for(base_config(root, "our_rollout"))
-    # Teach the BPE the rendered prompt (tool schema included): shorter prompts, faster tests.
-    first = train_tokenizer(texts, vocab_size=1024)
-    env = SearchEnvironment(backend, env_config)
-    rendered = render_conversation(first, env.reset(dict(rows[0])), env.tools, add_generation_prompt=True)
-    tokenizer = train_tokenizer(texts + [rendered] * 50, vocab_size=1024)
-    policy = build_policy(
-        tokenizer,
-        TinyModelConfig(
-            hidden_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=2,
-            num_key_value_heads=1,
-            intermediate_size=128,
-        ),
-    )
-    warm_start(policy, tokenizer, backend, env_config, rows)
-    policy.save_pretrained(root / "policy")
-    tokenizer.save_pretrained(root / "policy")
-    return World(root, tokenizer, backend, rows, task.splits["dev"][:2], root / "policy")
-
-
-def train_mode(world: World, mode: str, **overrides: Any) -> tuple[Any, dict[str, torch.Tensor]]:
-    cfg = base_config(world.root, mode, **overrides)
+def train_mode(world: GrpoWorld, mode: str, **overrides: Any) -> tuple[Any, dict[str, torch.Tensor]]:
+    cfg = grpo_config(world.root, mode, **overrides)
     policy = load_policy(world.policy_dir).train()
     before = {n: p.detach().clone() for n, p in policy.named_parameters()}
     trainer = build_grpo_trainer(
@@ -202,8 +90,8 @@ def assert_run_directory(run: Path, mode: str, steps: int) -> list[dict]:
     return metrics
 
 
-def test_our_rollout_mode_trains_with_env_mask_zero_on_observations(world: World) -> None:
-    trainer, before = train_mode(world, "our_rollout")
+def test_our_rollout_mode_trains_with_env_mask_zero_on_observations(grpo_world: GrpoWorld) -> None:
+    trainer, before = train_mode(grpo_world, "our_rollout")
     assert_parameters_changed(trainer, before)
     run = Path(trainer.run.root)
     metrics = assert_run_directory(run, "our_rollout", steps=2)
@@ -238,8 +126,8 @@ def test_our_rollout_mode_trains_with_env_mask_zero_on_observations(world: World
                     assert not any(t["action_mask"][span["start"] : span["end"]])
 
 
-def test_trl_loop_mode_trains_through_trls_tool_loop(world: World) -> None:
-    trainer, before = train_mode(world, "trl_loop")
+def test_trl_loop_mode_trains_through_trls_tool_loop(grpo_world: GrpoWorld) -> None:
+    trainer, before = train_mode(grpo_world, "trl_loop")
     assert_parameters_changed(trainer, before)
     run = Path(trainer.run.root)
     metrics = assert_run_directory(run, "trl_loop", steps=2)
@@ -249,10 +137,10 @@ def test_trl_loop_mode_trains_through_trls_tool_loop(world: World) -> None:
         trl_calls, our_calls = m["tools/call_frequency"] * 8, m["tools/calls_per_episode"] * 8
         assert our_calls >= trl_calls - 1e-6
         assert our_calls - trl_calls <= m["tools/failures/malformed"] + 1e-6
-    tok = world.tokenizer
+    tok = grpo_world.tokenizer
     # TRL rendered the compact prompt exactly as our engine does (no tool section in either).
     ours = SearchEnvironment(
-        world.backend, env_config_for(base_config(world.root, "trl_loop")), tokenizer=tok
+        grpo_world.backend, env_config_for(grpo_config(grpo_world.root, "trl_loop")), tokenizer=tok
     )
     assert ours.tools == []
     for row, ids in zip(trainer.current_inputs, trainer.last_generation["prompt_ids"], strict=True):
@@ -289,15 +177,15 @@ class CountingBackend:
 
 
 @pytest.mark.parametrize("mode", ["trl_loop", "our_rollout"])
-def test_max_tool_calls_zero_is_no_search_in_both_modes(world: World, mode: str) -> None:
+def test_max_tool_calls_zero_is_no_search_in_both_modes(grpo_world: GrpoWorld, mode: str) -> None:
     """PPO's `max_tool_calls: 0` (closed book in the same protocol) trains in GRPO too: the calls the policy
     makes get an error observation (over budget, or what was malformed), and no search reaches the index."""
-    backend = CountingBackend(world.backend)
-    run = world.root / f"nosearch-{mode}"
-    cfg = base_config(world.root, mode, max_tool_calls=0, max_steps=1, output_dir=str(run))
-    policy = load_policy(world.policy_dir).train()
+    backend = CountingBackend(grpo_world.backend)
+    run = grpo_world.root / f"nosearch-{mode}"
+    cfg = grpo_config(grpo_world.root, mode, max_tool_calls=0, max_steps=1, output_dir=str(run))
+    policy = load_policy(grpo_world.policy_dir).train()
     before = {n: p.detach().clone() for n, p in policy.named_parameters()}
-    trainer = build_grpo_trainer(cfg, policy, world.tokenizer, backend, world.train_rows)
+    trainer = build_grpo_trainer(cfg, policy, grpo_world.tokenizer, backend, grpo_world.train_rows)
     trainer.train()
     assert_parameters_changed(trainer, before)
     calls = [r for t in read_trajectories(run) for r in t["tool_calls"]]
@@ -305,56 +193,56 @@ def test_max_tool_calls_zero_is_no_search_in_both_modes(world: World, mode: str)
     assert all(r["status"] != "ok" and not r["doc_ids"] for r in calls)
     assert backend.searches == 0
     # The tool TRL's loop calls, and our engine's environment, answer a well-formed search with "over budget".
-    tool = tool_env_factory(backend, cfg.env_config(), world.tokenizer)()
-    tool.reset(**world.train_rows[0])
-    assert "budget" in tool.search(query=world.train_rows[0]["question"])
+    tool = tool_env_factory(backend, cfg.env_config(), grpo_world.tokenizer)()
+    tool.reset(**grpo_world.train_rows[0])
+    assert "budget" in tool.search(query=grpo_world.train_rows[0]["question"])
     assert tool.environment.records[-1].status == "over_budget"
-    env = SearchEnvironment(backend, cfg.env_config(), tokenizer=world.tokenizer)
-    env.reset(dict(world.train_rows[0]))
-    step = env.step(format_tool_call("search", {"query": world.train_rows[0]["question"]}))
+    env = SearchEnvironment(backend, cfg.env_config(), tokenizer=grpo_world.tokenizer)
+    env.reset(dict(grpo_world.train_rows[0]))
+    step = env.step(format_tool_call("search", {"query": grpo_world.train_rows[0]["question"]}))
     assert [r.status for r in step.records] == ["over_budget"] and backend.searches == 0
 
 
-def test_both_modes_show_the_policy_the_same_prompt_tokens(world: World) -> None:
+def test_both_modes_show_the_policy_the_same_prompt_tokens(grpo_world: GrpoWorld) -> None:
     """TRL's loop renders `search` from a method's docstring; ours from the environment: same tokens."""
-    cfg = base_config(world.root, "trl_loop", tool_schema_in_prompt=True)
+    cfg = grpo_config(grpo_world.root, "trl_loop", tool_schema_in_prompt=True)
     env_config = env_config_for(cfg)
-    env = tool_env_factory(world.backend, env_config, world.tokenizer)()
+    env = tool_env_factory(grpo_world.backend, env_config, grpo_world.tokenizer)()
     from transformers.utils import get_json_schema
 
-    ours = SearchEnvironment(world.backend, env_config, tokenizer=world.tokenizer)
+    ours = SearchEnvironment(grpo_world.backend, env_config, tokenizer=grpo_world.tokenizer)
     assert [get_json_schema(env.search)] == ours.tools
-    messages = ours.reset(dict(world.train_rows[0]))
-    theirs = world.tokenizer.apply_chat_template(
+    messages = ours.reset(dict(grpo_world.train_rows[0]))
+    theirs = grpo_world.tokenizer.apply_chat_template(
         messages, tools=[env.search], add_generation_prompt=True, tokenize=True, return_dict=False
     )
-    assert list(theirs) == prompt_ids(world.tokenizer, messages, ours.tools)
-    env.reset(prompt=messages, **world.train_rows[0])
-    assert env.search(query=world.train_rows[0]["question"], k=1).startswith("[1] (id: ")
+    assert list(theirs) == prompt_ids(grpo_world.tokenizer, messages, ours.tools)
+    env.reset(prompt=messages, **grpo_world.train_rows[0])
+    assert env.search(query=grpo_world.train_rows[0]["question"], k=1).startswith("[1] (id: ")
     assert env.environment.records[-1].status == "ok" and len(env.environment.records[-1].doc_ids) == 1
 
 
-def test_reference_model_must_be_reloadable_when_beta_is_positive(world: World) -> None:
-    cfg = base_config(world.root, "our_rollout", beta=0.04)
-    in_memory = build_policy(world.tokenizer, TinyModelConfig(hidden_size=32, num_hidden_layers=1))
+def test_reference_model_must_be_reloadable_when_beta_is_positive(grpo_world: GrpoWorld) -> None:
+    cfg = grpo_config(grpo_world.root, "our_rollout", beta=0.04)
+    in_memory = build_policy(grpo_world.tokenizer, TINY_ONE_LAYER)
     with pytest.raises(ConfigError, match="config._name_or_path"):
-        build_grpo_trainer(cfg, in_memory, world.tokenizer, world.backend, world.train_rows)
+        build_grpo_trainer(cfg, in_memory, grpo_world.tokenizer, grpo_world.backend, grpo_world.train_rows)
 
 
-def test_reference_model_must_hold_the_policys_weights_when_beta_is_positive(world: World) -> None:
+def test_reference_model_must_hold_the_policys_weights_when_beta_is_positive(grpo_world: GrpoWorld) -> None:
     """A policy changed in memory after it was loaded (an in-process SFT) would be regularised towards the
     stale weights TRL reloads from its directory: refused. The unchanged policy gets an equal, separate copy."""
-    cfg = base_config(world.root, "our_rollout", beta=0.04)
-    policy = load_policy(world.policy_dir).train()
-    trainer = build_grpo_trainer(cfg, policy, world.tokenizer, world.backend, world.train_rows)
+    cfg = grpo_config(grpo_world.root, "our_rollout", beta=0.04)
+    policy = load_policy(grpo_world.policy_dir).train()
+    trainer = build_grpo_trainer(cfg, policy, grpo_world.tokenizer, grpo_world.backend, grpo_world.train_rows)
     ref = trainer.accelerator.unwrap_model(trainer.ref_model)
     assert not shares_storage(ref, policy)
     assert all(torch.equal(a, b) for a, b in zip(ref.parameters(), policy.parameters(), strict=True))
-    moved = load_policy(world.policy_dir).train()
+    moved = load_policy(grpo_world.policy_dir).train()
     with torch.no_grad():
         next(moved.parameters()).add_(0.01)
     with pytest.raises(ConfigError, match="has other weights"):
-        build_grpo_trainer(cfg, moved, world.tokenizer, world.backend, world.train_rows)
+        build_grpo_trainer(cfg, moved, grpo_world.tokenizer, grpo_world.backend, grpo_world.train_rows)
 
 
 @pytest.mark.parametrize(

@@ -2,7 +2,7 @@
 
 GRPO copies the sections it shares with the `PPOConfig` (`searchrl.sections.with_sections_of`), so the checks
 compare what GRPO builds with what PPO builds (environment, rollout limits, batch, budget) for the demo's real
-PPO stages, then train two real steps from the warm-started tiny policy of `test_grpo_trainer`.
+PPO stages, then train two real steps from the warm-started tiny policy of conftest.py's `grpo_world`.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 import pytest
-from test_grpo_trainer import World, make_world
+from worlds import GrpoWorld
 
 from searchrl.common.config import ConfigError, load_config
 from searchrl.demo.pipeline import DemoConfig, smoke_config
@@ -23,11 +23,6 @@ from searchrl.grpo.warm_start import train_grpo_from_warm_start
 from searchrl.ppo.config import PPOConfig
 from searchrl.rewards.combine import default_rubric
 from searchrl.sections import with_sections_of
-
-
-@pytest.fixture(scope="module")
-def world(tmp_path_factory: pytest.TempPathFactory) -> World:
-    return make_world(tmp_path_factory.mktemp("grpo-warm"))
 
 
 def small_ppo(**overrides: object) -> PPOConfig:
@@ -98,14 +93,14 @@ def test_no_search_in_ppo_is_no_search_in_grpo(mode: str) -> None:
     assert cfg.env_config().max_tool_calls == 0
 
 
-def test_train_from_warm_start_with_the_ppo_settings(world: World, tmp_path: Path) -> None:
+def test_train_from_warm_start_with_the_ppo_settings(grpo_world: GrpoWorld, tmp_path: Path) -> None:
     ppo = small_ppo()
     run = train_grpo_from_warm_start(
-        world.policy_dir,
-        world.tokenizer,
-        world.train_rows,
-        world.dev_rows,
-        world.backend,
+        grpo_world.policy_dir,
+        grpo_world.tokenizer,
+        grpo_world.train_rows,
+        grpo_world.dev_rows,
+        grpo_world.backend,
         default_rubric(),
         mode="our_rollout",
         total_episodes=16,
@@ -114,7 +109,7 @@ def test_train_from_warm_start_with_the_ppo_settings(world: World, tmp_path: Pat
     )
     assert run == tmp_path / "grpo"
     cfg = load_config(GRPORunConfig, run / "config.yaml")
-    assert cfg.env_config() == ppo.env_config() and cfg.policy_model_path == str(world.policy_dir)
+    assert cfg.env_config() == ppo.env_config() and cfg.policy_model_path == str(grpo_world.policy_dir)
     assert (cfg.mode, cfg.num_steps, cfg.eval_on_start) == ("our_rollout", 2, True)
     evals = [json.loads((run / "eval" / f"step-{s}.json").read_text()) for s in range(3)]
     assert [e["episode"] for e in evals] == [0, 8, 16]
@@ -125,14 +120,14 @@ def test_train_from_warm_start_with_the_ppo_settings(world: World, tmp_path: Pat
     assert manifest["generation_config"] == dataclasses.asdict(generation_config_from_ppo(ppo))
 
 
-def test_a_folder_without_a_warm_start_is_refused(world: World, tmp_path: Path) -> None:
+def test_a_folder_without_a_warm_start_is_refused(grpo_world: GrpoWorld, tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="no warm-start policy"):
         train_grpo_from_warm_start(
             tmp_path,
-            world.tokenizer,
-            world.train_rows,
+            grpo_world.tokenizer,
+            grpo_world.train_rows,
             None,
-            world.backend,
+            grpo_world.backend,
             default_rubric(),
             mode="trl_loop",
             total_episodes=8,

@@ -7,23 +7,11 @@ mode, invalid ones) and sends them over loopback. Bounded: a fixed number of exa
 
 from __future__ import annotations
 
-import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
-from test_hardening_support import SearchServer
-from test_search_support import write_corpus
+from test_search_support import TOY_SERVER_TOKEN
 
-from searchrl.search.index import build_index
-
-TOKEN = "schemathesis-token"
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    root = tmp_path_factory.mktemp("schemathesis")
-    build_index(write_corpus(root / "corpus.jsonl"), root / "index")
-    with SearchServer(root / "index", token=TOKEN) as srv:
-        yield srv
+TOKEN = TOY_SERVER_TOKEN
 
 
 def _operations(server) -> list:
@@ -31,9 +19,9 @@ def _operations(server) -> list:
     return [result.ok() for result in api.get_all_operations()]
 
 
-def test_no_generated_request_gets_a_5xx(server) -> None:
+def test_no_generated_request_gets_a_5xx(toy_server) -> None:
     # schemathesis' own pytest plugin does not load under pytest 9, so its strategies drive hypothesis here.
-    operations = _operations(server)
+    operations = _operations(toy_server)
     paths = {op.path for op in operations}
     assert {"/retrieve", "/batch_search", "/search", "/health"} <= paths
     seen: list[int] = []
@@ -49,7 +37,7 @@ def test_no_generated_request_gets_a_5xx(server) -> None:
         )
         def check(case) -> None:
             response = case.call(
-                base_url=server.url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=30
+                base_url=toy_server.url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=30
             )
             seen.append(response.status_code)
             assert response.status_code < 500, (case.method, case.path, case.body, response.text[:500])

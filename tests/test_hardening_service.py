@@ -22,27 +22,17 @@ import httpx
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_hardening_support import ROOT, SearchServer, python_env
-from test_search_support import write_corpus
+from test_hardening_support import ROOT, python_env
+from test_search_support import TOY_SERVER_TOKEN
 
-from searchrl.search.index import build_index
-
-TOKEN = "s3cret-token"
+TOKEN = TOY_SERVER_TOKEN
 FUZZ = dict(deadline=None, database=None, derandomize=True, suppress_health_check=list(HealthCheck))
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    root = tmp_path_factory.mktemp("service")
-    build_index(write_corpus(root / "corpus.jsonl"), root / "index")
-    with SearchServer(root / "index", token=TOKEN) as srv:
-        yield srv
-
-
-@pytest.fixture(scope="module")
-def http(server):
+def http(toy_server):
     with httpx.Client(
-        base_url=server.url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=30.0
+        base_url=toy_server.url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=30.0
     ) as client:
         yield client
 
@@ -136,15 +126,15 @@ def test_raw_bytes_and_wrong_content_types_get_4xx(http, raw, content_type):
     assert resp.json()["error"] if resp.status_code >= 400 else True
 
 
-def test_bearer_token_is_required_except_for_health(server):
+def test_bearer_token_is_required_except_for_health(toy_server):
     body = {"queries": ["Tirrow"], "topk": 1}
-    assert httpx.get(server.url + "/health").status_code == 200
-    missing = httpx.post(server.url + "/retrieve", json=body)
+    assert httpx.get(toy_server.url + "/health").status_code == 200
+    missing = httpx.post(toy_server.url + "/retrieve", json=body)
     assert missing.status_code == 401 and "Bearer" in missing.json()["error"]
     assert missing.headers["www-authenticate"] == "Bearer"
-    wrong = httpx.post(server.url + "/retrieve", json=body, headers={"Authorization": "Bearer nope"})
+    wrong = httpx.post(toy_server.url + "/retrieve", json=body, headers={"Authorization": "Bearer nope"})
     assert wrong.status_code == 401
-    ok = httpx.post(server.url + "/retrieve", json=body, headers={"Authorization": f"Bearer {TOKEN}"})
+    ok = httpx.post(toy_server.url + "/retrieve", json=body, headers={"Authorization": f"Bearer {TOKEN}"})
     assert ok.status_code == 200 and ok.json()["result"][0][0]["id"]
 
 
@@ -160,9 +150,9 @@ def test_request_limits_answer_4xx_with_the_limit(http):
     assert huge.status_code == 413 and "byte limit" in huge.json()["error"]
 
 
-def test_server_binds_loopback_by_default(server):
+def test_server_binds_loopback_by_default(toy_server):
     # Every address the process listens on is 127.0.0.1 (read from the kernel, not from our config).
-    pid = server.proc.pid
+    pid = toy_server.proc.pid
     inodes = set()
     for fd in os.listdir(f"/proc/{pid}/fd"):
         target = os.readlink(f"/proc/{pid}/fd/{fd}")
@@ -178,9 +168,9 @@ def test_server_binds_loopback_by_default(server):
 
 
 @pytest.mark.slow
-def test_bounded_loopback_load_keeps_serving(server, tmp_path):
+def test_bounded_loopback_load_keeps_serving(toy_server, tmp_path):
     out = tmp_path / "load.json"
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "load_search.py"), "--url", server.url]
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "load_search.py"), "--url", toy_server.url]
     cmd += ["--clients", "64", "--seconds", "3", "--token", TOKEN, "--json", str(out)]
     subprocess.run(cmd, cwd=ROOT, env=python_env(), check=True, timeout=120, capture_output=True)
     report = json.loads(out.read_text())

@@ -23,9 +23,6 @@ from typing import Any
 import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY_MODEL = dict(
-    hidden_size=32, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, intermediate_size=64
-)
 
 
 def free_port() -> int:
@@ -173,8 +170,10 @@ def make_trainer(
     **ppo: Any,
 ):
     """A PPOTrainer on the tiny world with `SearchThenAnswer` forcing; `steps` PPO steps of `batch_size`."""
+    from worlds import TINY_TWO_LAYERS
+
     from searchrl.env.environment import EnvConfig, SearchEnvironment
-    from searchrl.models.tiny import TinyModelConfig, build_policy
+    from searchrl.models.tiny import build_policy
     from searchrl.ppo.config import PPOConfig
     from searchrl.ppo.trainer import PPOTrainer
     from searchrl.rewards.combine import default_rubric
@@ -206,7 +205,7 @@ def make_trainer(
             **ppo,
         }
     )
-    policy = build_policy(world.tok, TinyModelConfig(**TINY_MODEL))
+    policy = build_policy(world.tok, TINY_TWO_LAYERS)
     trainer = PPOTrainer(
         args,
         world.tok,

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 from peft import LoraConfig, PeftModel
-from test_ppo_trainer import QA, TINY, LikedTokens, build_world, env_factory
+from test_ppo_trainer import QA, TINY, LikedTokens, env_factory
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from typer.testing import CliRunner
 
@@ -36,9 +36,7 @@ def logits(model, tok) -> torch.Tensor:
         return model(input_ids=ids).logits
 
 
-def train_one_step(root, name: str, lora: bool):
-    (root / f"{name}-world").mkdir()
-    world = build_world(root / f"{name}-world")
+def train_one_step(world, root, name: str, lora: bool):
     base = root / f"{name}-base"
     build_policy(world["tok"], TINY).save_pretrained(base)
     world["tok"].save_pretrained(base)
@@ -78,10 +76,13 @@ def train_one_step(root, name: str, lora: bool):
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+def runs(world, tmp_path_factory):
     root = tmp_path_factory.mktemp("export")
     torch.set_num_threads(1)
-    return {"full": train_one_step(root, "full", lora=False), "lora": train_one_step(root, "lora", lora=True)}
+    return {
+        "full": train_one_step(world, root, "full", lora=False),
+        "lora": train_one_step(world, root, "lora", lora=True),
+    }
 
 
 def test_full_checkpoint_exports_to_a_folder_from_pretrained_loads(runs, tmp_path):

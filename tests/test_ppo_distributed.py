@@ -34,7 +34,8 @@ from pathlib import Path
 
 import torch
 from transformers import TrainerCallback
-from test_ppo_trainer import QA, LikedTokens, build_world, env_factory, make_args
+from test_ppo_trainer import QA, LikedTokens, env_factory, make_args
+from worlds import build_varnholt_world
 
 from searchrl.ppo.trainer import PPOTrainer
 
@@ -44,7 +45,7 @@ torch.set_num_threads(1)
 torch.manual_seed(0)  # the same initial weights on both ranks (DDP would broadcast rank 0's anyway)
 world_dir = out / f"world-rank{rank}"
 world_dir.mkdir(parents=True)
-world = build_world(world_dir)
+world = build_varnholt_world(world_dir)
 args = make_args(
     out,
     per_device_train_batch_size=2,

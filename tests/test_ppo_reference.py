@@ -13,10 +13,8 @@ import copy
 
 import pytest
 import torch
-from test_ppo_trainer import QA, TINY, build_world, call, env_factory, make_args
+from test_ppo_trainer import QA, TINY, call, env_factory, make_args
 
-from searchrl.common.io import write_jsonl
-from searchrl.data.synthetic import generate, preset_config
 from searchrl.env.environment import EnvConfig, SearchEnvironment
 from searchrl.models.forward_patches import (
     ForwardPatchError,
@@ -30,24 +28,15 @@ from searchrl.ppo.modeling import position_ids_from_mask
 from searchrl.ppo.trainer import PPOTrainer, collate_trajectories
 from searchrl.rewards.combine import default_rubric
 from searchrl.rollout.generator import ScriptedPolicy
-from searchrl.search.index import build_index
 from searchrl.sft.expert import ExpertConfig, ExpertPolicy
 from searchrl.sft.warm_start import SFTWarmStartConfig, prompt_texts, run_sft
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory):
-    return build_world(tmp_path_factory.mktemp("ref_world"))
-
-
-@pytest.fixture(scope="module")
-def synth(tmp_path_factory):
+def synth(synthetic_index):
     """The synthetic task at toy size, its index, a tokenizer and expert demonstrations (a few seconds)."""
-    root = tmp_path_factory.mktemp("ref_synth")
-    task = generate(preset_config("tiny", seed=0))
-    write_jsonl(root / "corpus.jsonl", task.corpus)
-    backend = build_index(root / "corpus.jsonl", root / "index", backend="bm25")
-    backend.search(["warm up"], 1)
+    synthetic = synthetic_index(0)
+    task, backend = synthetic.task, synthetic.backend
     rows = task.splits["train"]
     env_cfg = EnvConfig(max_turns=4, max_tool_calls=3, topk=1)
     tok = train_tokenizer(

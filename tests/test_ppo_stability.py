@@ -18,13 +18,6 @@ from searchrl.rewards.combine import default_rubric
 from searchrl.rewards.qa import F1Reward
 
 
-@pytest.fixture(scope="module")
-def world(tmp_path_factory):
-    from test_ppo_trainer import build_world
-
-    return build_world(tmp_path_factory.mktemp("stability_world"))
-
-
 class NaNReward:
     """A broken reward function: every score is NaN (what a bad judge or a 0/0 in a rubric produces)."""
 

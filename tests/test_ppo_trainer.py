@@ -1,5 +1,8 @@
 """PPOTrainer wiring on a real tiny world: tiny Qwen2 policy, real BM25 index, real SearchEnvironment.
 
+The world is conftest.py's `world` (`worlds.build_varnholt_world`: the Varnholt index, its tokenizer and an
+untrained `TINY_TWO_LAYERS` policy, which every trainer here copies).
+
 Each test runs the trainer's own functions (`collate_trajectories`, `token_logprobs`, `PolicyAndValue`,
 `PPOTrainer.score`, `PPOTrainer.step`) on real rollouts. An untrained tiny model earns 0 from the QA
 rubric, which would make every advantage 0, so update tests use `LikedTokens`: a reward on the share of
@@ -17,14 +20,11 @@ import math
 import pytest
 import torch
 from transformers import TrainerCallback
-from worlds import TINY_TWO_LAYERS, VARNHOLT_CORPUS, VARNHOLT_QA, write_corpus_jsonl
+from worlds import TINY_TWO_LAYERS, VARNHOLT_CORPUS, VARNHOLT_QA
 
 from searchrl.env.environment import EnvConfig, SearchEnvironment
 from searchrl.models.tiny import (
-    build_policy,
     build_value_model,
-    tokenizer_training_texts,
-    train_tokenizer,
 )
 from searchrl.ppo.advantages import place_rewards
 from searchrl.ppo.config import PPOConfig
@@ -33,7 +33,6 @@ from searchrl.ppo.modeling import frozen_copy, position_ids_from_mask, token_log
 from searchrl.ppo.trainer import PPOTrainer, collate_trajectories
 from searchrl.rewards.combine import default_rubric
 from searchrl.rollout.generator import ScriptedPolicy
-from searchrl.search.index import build_index
 
 CORPUS = VARNHOLT_CORPUS
 QA = VARNHOLT_QA
@@ -63,21 +62,6 @@ class LikedTokens:
         value = sum(tid % 4 == 0 for tid in sampled) / max(1, len(sampled))
         traj.reward, traj.reward_breakdown = value, {"liked_tokens": value}
         return value, {"liked_tokens": value}
-
-
-def build_world(root):
-    """Corpus, BM25 index, tokenizer and an untrained tiny policy under `root` (about a second)."""
-    corpus_path = root / "corpus.jsonl"
-    write_corpus_jsonl(corpus_path, CORPUS)
-    backend = build_index(corpus_path, root / "index", backend="bm25")
-    backend.search(["Varnholt"], 1)  # JIT warm-up outside any deadline
-    tok = train_tokenizer(tokenizer_training_texts(CORPUS * 4, QA * 4), vocab_size=400)
-    return {"backend": backend, "tok": tok, "policy": build_policy(tok, TINY), "root": root}
-
-
-@pytest.fixture(scope="module")
-def world(tmp_path_factory):
-    return build_world(tmp_path_factory.mktemp("ppo_world"))
 
 
 def env_factory(world, **cfg):

@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 import pytest
-from test_ppo_trainer import CORPUS, QA, build_world
+from test_ppo_trainer import CORPUS, QA
 from typer.testing import CliRunner
 
 from searchrl.cli import app
@@ -24,9 +24,8 @@ SHIPPED = REPO / "configs" / "ppo_tiny.yaml"
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory):
+def setup(world, tmp_path_factory):
     root = tmp_path_factory.mktemp("ppo_cli")
-    world = build_world(root)
     world["policy"].save_pretrained(root / "policy")
     world["tok"].save_pretrained(root / "policy")
     write_jsonl(root / "train.jsonl", [dict(q, id=f"{q['id']}-{k}") for k in range(2) for q in QA])

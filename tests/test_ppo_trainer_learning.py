@@ -20,8 +20,7 @@ import hashlib
 import json
 from pathlib import Path
 
-import pytest
-from test_ppo_trainer import QA, LikedTokens, build_world, env_factory, make_args
+from test_ppo_trainer import QA, LikedTokens, env_factory, make_args
 from typer.testing import CliRunner
 
 from searchrl.cli import app
@@ -38,11 +37,6 @@ DEV = [
     {"id": "v3", "question": "When was Orlenn founded?", "golds": ["1288"]},
     {"id": "v4", "question": "What kind of place is Tiberk?", "golds": ["fishing village"]},
 ]
-
-
-@pytest.fixture(scope="module")
-def world(tmp_path_factory):
-    return build_world(tmp_path_factory.mktemp("ppo_world"))
 
 
 def dev_reward(trainer: PPOTrainer, seeds=range(100, 108)) -> float:

@@ -1,7 +1,7 @@
 """Whole PPO runs on the tiny world: kill and resume, the collapse guard, and learning on the dev split.
 
-The world, the tiny model and the learnable `LikedTokens` reward come from `test_ppo_trainer.py` (see
-its docstring for why a varying reward is needed with an untrained model).
+The world and the tiny model are conftest.py's `world`; the learnable `LikedTokens` reward comes from
+`test_ppo_trainer.py` (see its docstring for why a varying reward is needed with an untrained model).
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from test_ppo_trainer import (
     QA,
     TIMING_KEYS,
     LikedTokens,
-    build_world,
     env_factory,
     make_args,
 )
@@ -51,11 +50,6 @@ class KillAt(TrainerCallback):
     def on_train_begin(self, args, state, control, **kw):
         if self.event == "on_train_begin":
             self._maybe_kill(state)
-
-
-@pytest.fixture(scope="module")
-def world(tmp_path_factory):
-    return build_world(tmp_path_factory.mktemp("ppo_world"))
 
 
 def trainer_for(world, out, callbacks=None, rows=QA, eval_rows=None, **kw) -> PPOTrainer:

@@ -25,7 +25,7 @@ import sys
 import time
 
 import pytest
-from test_ppo_trainer import QA, build_world, make_trainer
+from test_ppo_trainer import QA, make_trainer
 
 from searchrl.grpo.config import GRPORunConfig
 from searchrl.grpo.trainer import build_grpo_trainer
@@ -99,10 +99,8 @@ def offline_wandb(tmp_path, monkeypatch):
     wandb.teardown()
 
 
-def test_ppo_metrics_reach_wandb_offline_at_their_steps(tmp_path, offline_wandb):
+def test_ppo_metrics_reach_wandb_offline_at_their_steps(world, tmp_path, offline_wandb):
     wandb = offline_wandb
-    (tmp_path / "world").mkdir()
-    world = build_world(tmp_path / "world")
     trainer = make_trainer(world, tmp_path, total_episodes=8, report_to=["wandb"])
     try:
         trainer.train()
@@ -123,10 +121,8 @@ def test_ppo_metrics_reach_wandb_offline_at_their_steps(tmp_path, offline_wandb)
             assert logged[f"train/{key}"] == pytest.approx(value, rel=1e-6, abs=1e-12), key
 
 
-def test_grpo_metrics_reach_wandb_offline_at_their_steps(tmp_path, offline_wandb):
+def test_grpo_metrics_reach_wandb_offline_at_their_steps(world, tmp_path, offline_wandb):
     wandb = offline_wandb
-    (tmp_path / "world").mkdir()
-    world = build_world(tmp_path / "world")
     cfg = GRPORunConfig(
         output_dir=str(tmp_path / "grpo"),
         report_to=["wandb"],
@@ -199,7 +195,7 @@ def _is_local(address) -> bool:
         return False
 
 
-def test_ppo_metrics_reach_trackio_local_store_offline(tmp_path, monkeypatch):
+def test_ppo_metrics_reach_trackio_local_store_offline(world, tmp_path, monkeypatch):
     monkeypatch.setenv("TRACKIO_DIR", str(tmp_path / "trackio"))
     for var in ("TRACKIO_SPACE_ID", "TRACKIO_SERVER_URL", "TRACKIO_BUCKET_ID", "TRACKIO_DATASET_ID"):
         monkeypatch.delenv(var, raising=False)
@@ -235,8 +231,6 @@ def test_ppo_metrics_reach_trackio_local_store_offline(tmp_path, monkeypatch):
     monkeypatch.setattr(socket.socket, "connect_ex", connect_ex)
     monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
 
-    (tmp_path / "world").mkdir()
-    world = build_world(tmp_path / "world")
     trainer = make_trainer(
         world,
         tmp_path,

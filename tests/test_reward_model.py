@@ -14,12 +14,10 @@ import torch
 from datasets import Dataset
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from worlds import TINY_ONE_LAYER
 
-from searchrl.common.io import write_jsonl
-from searchrl.data.synthetic import generate, preset_config
 from searchrl.env.environment import EnvConfig, SearchEnvironment
 from searchrl.models.tiny import (
-    TinyModelConfig,
     build_policy,
     build_value_model,
     load_value_model,
@@ -43,13 +41,10 @@ from searchrl.rewards.reward_model import (
     split_pairs,
     train_reward_model,
 )
-from searchrl.search.index import build_index
 from searchrl.sft.expert import ExpertConfig, ExpertPolicy
 from searchrl.sft.warm_start import prompt_texts
 
-SCORER = TinyModelConfig(
-    hidden_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, intermediate_size=64
-)
+SCORER = TINY_ONE_LAYER
 
 # -- the loss (rl_methods.md §8 item 24) -------------------------------------------------------------
 
@@ -84,13 +79,10 @@ def test_bt_loss_is_log2_at_equal_rewards_and_centering_vanishes_at_opposite_rew
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory):
+def world(synthetic_index):
     torch.set_num_threads(1)
-    root = tmp_path_factory.mktemp("rm")
-    task = generate(preset_config("tiny", seed=5))
-    write_jsonl(root / "corpus.jsonl", task.corpus)
-    backend = build_index(root / "corpus.jsonl", root / "index", backend="bm25")
-    backend.search(["warm up"], 1)
+    synthetic = synthetic_index(5)
+    task, backend = synthetic.task, synthetic.backend
     rows = task.splits["train"][:16]
     probe = SearchEnvironment(backend, EnvConfig())
     tok = train_tokenizer(
@@ -107,7 +99,7 @@ def world(tmp_path_factory):
         for t in batch:  # the engine numbers trajectories per call; keep the two runs' ids apart
             t.id = f"{t.id}/noise={noise}"
         trajs += batch
-    return {"task": task, "tok": tok, "trajs": trajs, "rows": rows, "root": root}
+    return {"task": task, "tok": tok, "trajs": trajs, "rows": rows}
 
 
 def test_pairs_pair_correct_supported_with_wrong_unsupported_or_malformed(world):

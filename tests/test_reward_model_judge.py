@@ -10,18 +10,17 @@ import math
 
 import pytest
 import torch
+from worlds import TINY_ONE_LAYER
 
 from searchrl.common.config import ConfigError
 from searchrl.common.trajectory import Trajectory
-from searchrl.models.tiny import TinyModelConfig, build_policy, build_value_model, train_tokenizer
+from searchrl.models.tiny import build_policy, build_value_model, train_tokenizer
 from searchrl.rewards.combine import RewardSpec, Rubric, load_rubric
 from searchrl.rewards.judge import ModelJudgeReward, judge_text
 from searchrl.rewards.qa import ExactMatchReward
 from searchrl.rewards.reward_model import save_reward_model
 
-SCORER = TinyModelConfig(
-    hidden_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, intermediate_size=64
-)
+SCORER = TINY_ONE_LAYER
 TEXTS = [
     "Question: Where was Alda Korin born?\nAnswer: Port Velmora [d1]\nDocuments:\n[d1] Alda Korin was born in Port Velmora.",
     "<answer>Port Velmora [d1]</answer> Alda Korin born city country capital",

@@ -25,6 +25,7 @@ from searchrl.search.client import HTTPBackend
 from searchrl.search.faults import FaultInjectingBackend
 from searchrl.search.index import build_index
 
+# Not conftest's `rollout_world`: the injection document is in this index and in the tokenizer's texts.
 CORPUS = [*VARNHOLT_CORPUS, INJECTION_DOC]
 QA = VARNHOLT_QA
 MODEL = SMALL_GQA

@@ -1,10 +1,10 @@
 """Rollouts pinned token for token: every engine of the turn loop against a recorded fixture.
 
-`tests/fixtures/rollout_golden.json` holds what the rollout produced for a fixed world (the tiny
-tokenizer and model, the Varnholt BM25 index) and fixed seeds: token ids, action masks, logprobs, spans,
-messages, tool calls, terminations and the model-token counters, for the HF KV-cache engine (scripted,
-free sampling with filters, greedy, search_r1, heavy cache compaction), model-free replay, and
-`VLLMGenerator` over `HFTokenEngine`; plus a sweep of episode token budgets that walks every budget edge
+`tests/fixtures/rollout_golden.json` holds what the rollout produced for a fixed world (conftest.py's
+`rollout_world`: the tiny tokenizer and model, the Varnholt BM25 index) and fixed seeds: token ids, action
+masks, logprobs, spans, messages, tool calls, terminations and the model-token counters, for the HF KV-cache
+engine (scripted, free sampling with filters, greedy, search_r1, heavy cache compaction), model-free replay,
+and `VLLMGenerator` over `HFTokenEngine`; plus a sweep of episode token budgets that walks every budget edge
 of a two-search episode in both protocols (where an observation stops fitting, where a turn ends the
 episode). A change to the loop, an engine, the budget accounting or the template glue that moves a
 single token fails here.
@@ -22,17 +22,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # worlds.py, also when run as a script
 
-from worlds import SMALL_GQA, VARNHOLT_CORPUS, VARNHOLT_QA, write_corpus_jsonl  # noqa: E402
+from worlds import VARNHOLT_QA, build_rollout_world  # noqa: E402
 
 from searchrl.env.environment import EnvConfig, SearchEnvironment  # noqa: E402
-from searchrl.models.tiny import build_policy, tokenizer_training_texts, train_tokenizer  # noqa: E402
 from searchrl.rollout.generator import GenerationConfig, HFGenerator, ScriptedPolicy  # noqa: E402
 from searchrl.rollout.vllm_generator import HFTokenEngine, VLLMGenerator  # noqa: E402
-from searchrl.search.index import build_index  # noqa: E402
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "rollout_golden.json"
 LOGPROB_TOL = 1e-5
@@ -75,15 +72,6 @@ R1_TWO_SEARCHES = [
     "<search>Orlenn founded</search>",
     answer("Amsel Drov", "d3"),
 ]
-
-
-def build_world(root: Path) -> dict[str, Any]:
-    torch.set_num_threads(1)
-    write_corpus_jsonl(root / "corpus.jsonl", VARNHOLT_CORPUS)
-    backend = build_index(root / "corpus.jsonl", root / "index", backend="bm25")
-    backend.search(["Varnholt Quessa"], 1)  # the first match JIT-compiles: not under a deadline
-    tok = train_tokenizer(tokenizer_training_texts(VARNHOLT_CORPUS * 4, VARNHOLT_QA * 4), vocab_size=512)
-    return {"backend": backend, "tok": tok, "model": build_policy(tok, SMALL_GQA)}
 
 
 def envs_for(world: dict[str, Any], n: int, **cfg: Any) -> list[SearchEnvironment]:
@@ -180,8 +168,8 @@ def record(world: dict[str, Any]) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def recorded(tmp_path_factory) -> dict[str, Any]:
-    return record(build_world(tmp_path_factory.mktemp("golden")))
+def recorded(rollout_world: dict[str, Any]) -> dict[str, Any]:
+    return record(rollout_world)
 
 
 @pytest.fixture(scope="module")
@@ -229,6 +217,6 @@ if __name__ == "__main__":
     import tempfile
 
     with tempfile.TemporaryDirectory() as tmp:
-        data = record(build_world(Path(tmp)))
+        data = record(build_rollout_world(Path(tmp)))
     FIXTURE.write_text(json.dumps(data, separators=(",", ":")) + "\n")
     print(f"wrote {FIXTURE} ({FIXTURE.stat().st_size // 1024} KiB)")

@@ -10,35 +10,24 @@ from __future__ import annotations
 
 import pytest
 import torch
+from worlds import TINY_ONE_LAYER
 
-from searchrl.common.io import write_jsonl
-from searchrl.data.synthetic import generate, preset_config
 from searchrl.env.environment import EnvConfig, SearchEnvironment
-from searchrl.models.tiny import TinyModelConfig, build_policy, tokenizer_training_texts, train_tokenizer
+from searchrl.models.tiny import build_policy, tokenizer_training_texts, train_tokenizer
 from searchrl.rollout.generator import GenerationConfig, HFGenerator, ScriptedPolicy
-from searchrl.search.index import build_index
 from searchrl.sft.expert import ExpertConfig, ExpertPolicy
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory):
+def world(synthetic_index):
     torch.set_num_threads(1)
-    root = tmp_path_factory.mktemp("replay")
-    task = generate(preset_config("tiny", seed=5))
-    write_jsonl(root / "corpus.jsonl", task.corpus)
-    backend = build_index(root / "corpus.jsonl", root / "index", backend="bm25")
-    backend.search(["warm up"], 1)
+    synthetic = synthetic_index(5)
+    task, backend = synthetic.task, synthetic.backend
     rows = task.splits["train"][:12]
     tok = train_tokenizer(tokenizer_training_texts(task.corpus, rows), vocab_size=800)
     model = build_policy(
         tok,
-        TinyModelConfig(
-            hidden_size=32,
-            num_hidden_layers=1,
-            num_attention_heads=2,
-            num_key_value_heads=1,
-            intermediate_size=64,
-        ),
+        TINY_ONE_LAYER,
     )
     return backend, tok, model, rows
 

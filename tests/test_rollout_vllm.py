@@ -4,7 +4,8 @@
 same tiny Qwen2 model answering the same token-id requests with real forward passes and a real KV
 prefix cache. Both generators are driven by the same `ScriptedPolicy` (forced tokens, the model's
 logprobs) or by greedy decoding, over the real `SearchEnvironment` and a real BM25 index, and their
-trajectories are compared token for token: ids, masks, spans, messages, terminations.
+trajectories are compared token for token: ids, masks, spans, messages, terminations. The world is
+conftest.py's `rollout_world`, the one tests/test_rollout_golden.py pins.
 
 `VLLMEngine` itself (the only code that calls vLLM) runs against a stand-in `vllm` module shaped like
 vLLM 0.24's API (`LLM(...)` arguments, `SamplingParams`, request outputs with per-token logprob dicts,
@@ -22,11 +23,10 @@ from dataclasses import replace
 
 import pytest
 import torch
-from worlds import SMALL_GQA, VARNHOLT_CORPUS, VARNHOLT_QA, write_corpus_jsonl
+from worlds import VARNHOLT_QA
 
 from searchrl.common.config import ConfigError
 from searchrl.env.environment import EnvConfig, SearchEnvironment
-from searchrl.models.tiny import build_policy, tokenizer_training_texts, train_tokenizer
 from searchrl.ppo.config import PPOConfig
 from searchrl.rollout.generator import GenerationConfig, HFGenerator, ScriptedPolicy, sampling_log_probs
 from searchrl.rollout.vllm_generator import (
@@ -38,14 +38,11 @@ from searchrl.rollout.vllm_generator import (
     policy_weights,
     weights_version,
 )
-from searchrl.search.index import build_index
 
 torch.set_num_threads(1)  # tiny models on a shared 2-core machine
 VLLM_ON_GPU = importlib.util.find_spec("vllm") is not None and torch.cuda.is_available()
 
-CORPUS = VARNHOLT_CORPUS[:5]
 QA = VARNHOLT_QA
-MODEL = SMALL_GQA
 
 
 def call(query: str) -> str:
@@ -62,17 +59,6 @@ SCRIPTS = [
     [call("capital of Quessa"), call("Orlenn founded"), answer("Amsel Drov", "d3")],
     [call("Orlenn"), call("Amsel Drov"), call("Tiberk"), answer("Tiberk", "d4")],
 ]
-
-
-@pytest.fixture(scope="module")
-def world(tmp_path_factory):
-    root = tmp_path_factory.mktemp("vllm_world")
-    corpus_path = root / "corpus.jsonl"
-    write_corpus_jsonl(corpus_path, CORPUS)
-    backend = build_index(corpus_path, root / "index", backend="bm25")
-    backend.search(["Varnholt Quessa"], 1)  # the first match JIT-compiles: not under a deadline
-    tok = train_tokenizer(tokenizer_training_texts(CORPUS * 4, QA * 4), vocab_size=512)
-    return {"backend": backend, "tok": tok, "model": build_policy(tok, MODEL)}
 
 
 def make_envs(world, n: int, **cfg) -> list[SearchEnvironment]:
@@ -128,8 +114,8 @@ def assert_same_trajectories(hf_batch, v_batch, logprob_tol=1e-4) -> None:
         assert b.metadata["engine"] == "hf"
 
 
-def test_scripted_chat_rollouts_are_the_hf_generators_token_for_token(world):
-    hf_batch, v_batch, engine = both(world, SCRIPTS, temperature=1.0)
+def test_scripted_chat_rollouts_are_the_hf_generators_token_for_token(rollout_world):
+    hf_batch, v_batch, engine = both(rollout_world, SCRIPTS, temperature=1.0)
     assert_same_trajectories(hf_batch, v_batch)
     assert [t.termination for t in v_batch.trajectories] == ["answered"] * 4
     assert [t.num_turns for t in v_batch.trajectories] == [1, 2, 3, 4]
@@ -151,20 +137,20 @@ def test_scripted_chat_rollouts_are_the_hf_generators_token_for_token(world):
     assert v_batch.stats["tools/calls_per_episode"] == hf_batch.stats["tools/calls_per_episode"]
 
 
-def test_search_r1_stop_strings_end_turns_where_hf_ends_them(world):
+def test_search_r1_stop_strings_end_turns_where_hf_ends_them(rollout_world):
     scripts = [
         ["<search>Varnholt province</search>", answer("Quessa", "d1")],
         ["<search>capital of Quessa</search>", "<search>Orlenn founded</search>", answer("Amsel Drov", "d3")],
     ]
-    hf_batch, v_batch, _ = both(world, scripts, protocol="search_r1", temperature=0.7)
+    hf_batch, v_batch, _ = both(rollout_world, scripts, protocol="search_r1", temperature=0.7)
     assert_same_trajectories(hf_batch, v_batch)
     assert [t.num_turns for t in v_batch.trajectories] == [2, 3]
     assert all(t.termination == "answered" for t in v_batch.trajectories)
 
 
-def test_greedy_free_decoding_matches_hf(world):
+def test_greedy_free_decoding_matches_hf(rollout_world):
     # No forcing: the untrained model decodes greedily in both engines until EOS or the turn budget.
-    hf_batch, v_batch, _ = both(world, [[], [], []], temperature=0.0, max_new_tokens_per_turn=20)
+    hf_batch, v_batch, _ = both(rollout_world, [[], [], []], temperature=0.0, max_new_tokens_per_turn=20)
     assert_same_trajectories(hf_batch, v_batch)
     assert all(t.num_action_tokens > 0 for t in v_batch.trajectories)
 
@@ -196,8 +182,8 @@ class RunsPastStops:
 
 
 @pytest.mark.parametrize("wrapper", [ShortAnswers, RunsPastStops], ids=["stops_short", "runs_past"])
-def test_where_the_engine_stops_does_not_change_the_trajectory(world, wrapper):
-    hf_batch, v_batch, _ = both(world, SCRIPTS[1:3], engine_wrapper=wrapper, temperature=1.0)
+def test_where_the_engine_stops_does_not_change_the_trajectory(rollout_world, wrapper):
+    hf_batch, v_batch, _ = both(rollout_world, SCRIPTS[1:3], engine_wrapper=wrapper, temperature=1.0)
     assert_same_trajectories(hf_batch, v_batch)
     if wrapper is ShortAnswers:
         assert v_batch.stats["rollout/engine_calls"] > 10  # turns were continued over many calls
@@ -205,32 +191,40 @@ def test_where_the_engine_stops_does_not_change_the_trajectory(world, wrapper):
         assert v_batch.stats["rollout/dropped_engine_tokens"] > 0  # tokens past our stop were dropped
 
 
-def test_token_budgets_end_episodes_exactly_as_hf(world):
+def test_token_budgets_end_episodes_exactly_as_hf(rollout_world):
     long_turn = [[call("Varnholt province " * 6), answer("Quessa", "d1")]] * 2
-    hf_batch, v_batch, _ = both(world, long_turn, max_new_tokens_per_turn=12, max_episode_tokens=60)
+    hf_batch, v_batch, _ = both(rollout_world, long_turn, max_new_tokens_per_turn=12, max_episode_tokens=60)
     assert_same_trajectories(hf_batch, v_batch)
     assert [t.termination for t in v_batch.trajectories] == ["token_budget"] * 2
     # The episode budget cuts an observation that would not fit, as in HFGenerator.
-    hf_batch, v_batch, _ = both(world, SCRIPTS[1:2], max_new_tokens_per_turn=96, max_episode_tokens=60)
+    hf_batch, v_batch, _ = both(
+        rollout_world, SCRIPTS[1:2], max_new_tokens_per_turn=96, max_episode_tokens=60
+    )
     assert_same_trajectories(hf_batch, v_batch)
     assert v_batch.trajectories[0].termination == "token_budget"
 
 
-def test_a_context_limit_ends_the_episode_with_token_budget(world):
+def test_a_context_limit_ends_the_episode_with_token_budget(rollout_world):
     class Short(HFTokenEngine):
         max_model_len = 0  # set per test below
 
-    engine = Short(world["model"], world["tok"], forcing=ScriptedPolicy(world["tok"], SCRIPTS[1:2]))
-    envs = make_envs(world, 1)
-    prompt_len = len(HFGenerator(world["model"], world["tok"])._start_row(0, envs[0], QA[0]).ids)
+    engine = Short(
+        rollout_world["model"],
+        rollout_world["tok"],
+        forcing=ScriptedPolicy(rollout_world["tok"], SCRIPTS[1:2]),
+    )
+    envs = make_envs(rollout_world, 1)
+    prompt_len = len(
+        HFGenerator(rollout_world["model"], rollout_world["tok"])._start_row(0, envs[0], QA[0]).ids
+    )
     engine.max_model_len = prompt_len + 5
-    gen = VLLMGenerator(world["model"], world["tok"], GenerationConfig(), engine=engine)
-    traj = gen.rollout(make_envs(world, 1), rows_for(1)).trajectories[0]
+    gen = VLLMGenerator(rollout_world["model"], rollout_world["tok"], GenerationConfig(), engine=engine)
+    traj = gen.rollout(make_envs(rollout_world, 1), rows_for(1)).trajectories[0]
     assert traj.termination == "token_budget"
     assert len(traj.input_ids) == prompt_len + 5 and traj.num_action_tokens == 5
 
 
-def test_an_environment_failure_ends_only_the_rows_of_that_step(world):
+def test_an_environment_failure_ends_only_the_rows_of_that_step(rollout_world):
     from searchrl.env.environment import step_batch
 
     rounds = {"n": 0}
@@ -242,16 +236,18 @@ def test_an_environment_failure_ends_only_the_rows_of_that_step(world):
         return step_batch(envs, texts)
 
     cfg = GenerationConfig(max_new_tokens_per_turn=96, max_episode_tokens=1500)
-    engine = HFTokenEngine(world["model"], world["tok"], forcing=ScriptedPolicy(world["tok"], SCRIPTS))
-    gen = VLLMGenerator(world["model"], world["tok"], cfg, engine=engine, step_batch=flaky)
-    trajs = gen.rollout(make_envs(world, 4), rows_for(4)).trajectories
+    engine = HFTokenEngine(
+        rollout_world["model"], rollout_world["tok"], forcing=ScriptedPolicy(rollout_world["tok"], SCRIPTS)
+    )
+    gen = VLLMGenerator(rollout_world["model"], rollout_world["tok"], cfg, engine=engine, step_batch=flaky)
+    trajs = gen.rollout(make_envs(rollout_world, 4), rows_for(4)).trajectories
     # Round 1 answered row 0; round 2 failed for rows 1-3, which end with "error" and the exception.
     assert trajs[0].termination == "answered"
     assert [t.termination for t in trajs[1:]] == ["error"] * 3
     assert all("index went away" in t.metadata["error"] for t in trajs[1:])
 
 
-def test_engine_answers_are_checked(world):
+def test_engine_answers_are_checked(rollout_world):
     class Broken:
         name = "broken"
 
@@ -261,43 +257,45 @@ def test_engine_answers_are_checked(world):
         def load_weights(self, weights):
             pass
 
-    gen = VLLMGenerator(world["model"], world["tok"], GenerationConfig(), engine=Broken())
+    gen = VLLMGenerator(rollout_world["model"], rollout_world["tok"], GenerationConfig(), engine=Broken())
     with pytest.raises(RuntimeError, match="2 tokens but 1 logprobs"):
-        gen.rollout(make_envs(world, 1), rows_for(1))
+        gen.rollout(make_envs(rollout_world, 1), rows_for(1))
     with pytest.raises(ValueError, match="one environment per row"):
-        gen.rollout(make_envs(world, 2), rows_for(1))
+        gen.rollout(make_envs(rollout_world, 2), rows_for(1))
     with pytest.raises(ValueError, match="only apply when no engine is passed"):
-        VLLMGenerator(world["model"], world["tok"], engine=Broken(), gpu_memory_utilization=0.5)
+        VLLMGenerator(
+            rollout_world["model"], rollout_world["tok"], engine=Broken(), gpu_memory_utilization=0.5
+        )
 
 
-def test_sampled_logprobs_are_the_sampling_distributions(world):
+def test_sampled_logprobs_are_the_sampling_distributions(rollout_world):
     # Free sampling with filters through the engine: every recorded logprob equals a one-pass recompute
     # under the same temperature / top-k / top-p (what PPO's old logprobs reproduce), and a seed repeats.
     cfg = GenerationConfig(temperature=0.8, top_k=40, top_p=0.9, max_new_tokens_per_turn=24, seed=3)
     run = lambda seed: VLLMGenerator(  # noqa: E731
-        world["model"],
-        world["tok"],
+        rollout_world["model"],
+        rollout_world["tok"],
         replace(cfg, seed=seed),
-        engine=HFTokenEngine(world["model"], world["tok"]),
-    ).rollout(make_envs(world, 3), rows_for(3))
+        engine=HFTokenEngine(rollout_world["model"], rollout_world["tok"]),
+    ).rollout(make_envs(rollout_world, 3), rows_for(3))
     first, again, other = run(3), run(3), run(4)
     assert [t.input_ids for t in first.trajectories] == [t.input_ids for t in again.trajectories]
     assert [t.input_ids for t in first.trajectories] != [t.input_ids for t in other.trajectories]
     for traj in first.trajectories:
         ids = torch.tensor([traj.input_ids])
         with torch.no_grad():
-            logits = world["model"](ids).logits[0, :-1]
+            logits = rollout_world["model"](ids).logits[0, :-1]
         logp = sampling_log_probs(logits, 0.8, 40, 0.9).gather(1, ids[0, 1:, None]).squeeze(1)
         mask = torch.tensor(traj.action_mask[1:], dtype=torch.bool)
         assert (logp[mask] - torch.tensor(traj.logprobs[1:])[mask]).abs().max().item() <= 1e-4
 
 
-def test_sync_weights_pushes_updates_and_rollout_syncs_stale_weights(world):
-    policy = copy.deepcopy(world["model"])
-    engine = HFTokenEngine(copy.deepcopy(world["model"]), world["tok"])
+def test_sync_weights_pushes_updates_and_rollout_syncs_stale_weights(rollout_world):
+    policy = copy.deepcopy(rollout_world["model"])
+    engine = HFTokenEngine(copy.deepcopy(rollout_world["model"]), rollout_world["tok"])
     cfg = GenerationConfig(temperature=0.0, max_new_tokens_per_turn=16)
-    gen = VLLMGenerator(policy, world["tok"], cfg, engine=engine)
-    gen.rollout(make_envs(world, 1), rows_for(1))
+    gen = VLLMGenerator(policy, rollout_world["tok"], cfg, engine=engine)
+    gen.rollout(make_envs(rollout_world, 1), rows_for(1))
     assert gen.weight_syncs == 0 and engine.loads == 0  # nothing changed yet
     # One optimizer step on the policy: the engine is stale until synced.
     optimizer = torch.optim.AdamW(policy.parameters(), lr=0.05)
@@ -308,12 +306,14 @@ def test_sync_weights_pushes_updates_and_rollout_syncs_stale_weights(world):
     assert any(
         not torch.equal(a, b) for a, b in zip(policy.parameters(), engine.model.parameters(), strict=True)
     )
-    batch = gen.rollout(make_envs(world, 2), rows_for(2))  # auto-sync before sampling
+    batch = gen.rollout(make_envs(rollout_world, 2), rows_for(2))  # auto-sync before sampling
     assert gen.weight_syncs == 1 and engine.loads == 1 and batch.stats["rollout/weight_syncs"] == 1
     for a, b in zip(policy.parameters(), engine.model.parameters(), strict=True):
         assert torch.equal(a, b)
     # What the engine now samples is what HFGenerator samples with the updated policy.
-    hf = HFGenerator(policy, world["tok"], replace(cfg)).rollout(make_envs(world, 2), rows_for(2))
+    hf = HFGenerator(policy, rollout_world["tok"], replace(cfg)).rollout(
+        make_envs(rollout_world, 2), rows_for(2)
+    )
     assert [t.input_ids for t in batch.trajectories] == [t.input_ids for t in hf.trajectories]
     # An explicit sync (what PPOTrainer calls after each update) also drops the stale prefix cache.
     assert engine._prefix_cache
@@ -321,10 +321,10 @@ def test_sync_weights_pushes_updates_and_rollout_syncs_stale_weights(world):
     assert engine.loads == 2 and not engine._prefix_cache and weights_version(policy) == before
 
 
-def test_policy_weights_merge_a_lora_adapter_under_the_base_names(world):
+def test_policy_weights_merge_a_lora_adapter_under_the_base_names(rollout_world):
     from peft import LoraConfig, get_peft_model
 
-    base = copy.deepcopy(world["model"])
+    base = copy.deepcopy(rollout_world["model"])
     names = [n for n, _ in base.named_parameters()]
     peft_model = get_peft_model(copy.deepcopy(base), LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
     torch.manual_seed(0)
@@ -346,14 +346,19 @@ def test_policy_weights_merge_a_lora_adapter_under_the_base_names(world):
     # Unmerged again afterwards: the PEFT model computes what it computed before.
     assert torch.allclose(peft_model(input_ids=ids).logits, out_before, atol=1e-5)
     # And an engine loaded from them samples like the merged model.
-    engine = HFTokenEngine(copy.deepcopy(base), world["tok"])
+    engine = HFTokenEngine(copy.deepcopy(base), rollout_world["tok"])
     gen = VLLMGenerator(
-        peft_model, world["tok"], GenerationConfig(temperature=0.0, max_new_tokens_per_turn=12), engine=engine
+        peft_model,
+        rollout_world["tok"],
+        GenerationConfig(temperature=0.0, max_new_tokens_per_turn=12),
+        engine=engine,
     )
     gen.sync_weights()
-    hf = HFGenerator(merged, world["tok"], GenerationConfig(temperature=0.0, max_new_tokens_per_turn=12))
-    a = gen.rollout(make_envs(world, 1), rows_for(1)).trajectories[0]
-    b = hf.rollout(make_envs(world, 1), rows_for(1)).trajectories[0]
+    hf = HFGenerator(
+        merged, rollout_world["tok"], GenerationConfig(temperature=0.0, max_new_tokens_per_turn=12)
+    )
+    a = gen.rollout(make_envs(rollout_world, 1), rows_for(1)).trajectories[0]
+    b = hf.rollout(make_envs(rollout_world, 1), rows_for(1)).trajectories[0]
     assert a.input_ids == b.input_ids
 
 
@@ -388,14 +393,14 @@ def test_vllm_missing_or_no_cuda_is_a_config_error_saying_how_to_fix(monkeypatch
 
 
 @pytest.fixture()
-def ppo_parts(world, tmp_path):
+def ppo_parts(rollout_world, tmp_path):
     from searchrl.rewards.combine import default_rubric
 
     def env():
         return SearchEnvironment(
-            world["backend"],
+            rollout_world["backend"],
             EnvConfig(max_turns=2, max_tool_calls=1, system_prompt="Answer with search."),
-            tokenizer=world["tok"],
+            tokenizer=rollout_world["tok"],
         )
 
     def args(**kw):
@@ -424,14 +429,14 @@ def ppo_parts(world, tmp_path):
     VLLM_ON_GPU,
     reason="vllm and CUDA are present: the trainer builds a real vLLM engine instead of raising",
 )
-def test_trainer_with_vllm_backend_and_no_vllm_raises_config_error(world, ppo_parts):
+def test_trainer_with_vllm_backend_and_no_vllm_raises_config_error(rollout_world, ppo_parts):
     from searchrl.ppo.trainer import PPOTrainer
 
     with pytest.raises(ConfigError, match=r"rollout_backend=\"vllm\" needs"):
         PPOTrainer(
             ppo_parts["args"](rollout_backend="vllm"),
-            world["tok"],
-            copy.deepcopy(world["model"]),
+            rollout_world["tok"],
+            copy.deepcopy(rollout_world["model"]),
             None,
             None,
             QA,
@@ -449,7 +454,7 @@ class LikedTokens:
         return value, {"liked_tokens": value}
 
 
-def test_ppo_trainer_pushes_weights_to_the_engine_after_every_update(world, ppo_parts):
+def test_ppo_trainer_pushes_weights_to_the_engine_after_every_update(rollout_world, ppo_parts):
     from searchrl.ppo.trainer import PPOTrainer
 
     engines: list[HFTokenEngine] = []
@@ -461,8 +466,8 @@ def test_ppo_trainer_pushes_weights_to_the_engine_after_every_update(world, ppo_
 
     trainer = PPOTrainer(
         ppo_parts["args"](),
-        world["tok"],
-        copy.deepcopy(world["model"]),
+        rollout_world["tok"],
+        copy.deepcopy(rollout_world["model"]),
         None,
         None,
         QA,
@@ -675,7 +680,7 @@ class FakeLLM:
 
 
 @pytest.fixture()
-def fake_vllm(monkeypatch, world):
+def fake_vllm(monkeypatch, rollout_world):
     import sys
     import types
 
@@ -692,7 +697,7 @@ def fake_vllm(monkeypatch, world):
     monkeypatch.setattr(FakeLLM, "in_process", True)
     # HF's Qwen2 load_weights equivalent for the fake's model: copy by name (vLLM's loader does more).
     monkeypatch.setattr(
-        type(world["model"]),
+        type(rollout_world["model"]),
         "load_weights",
         lambda self, weights: [dict(self.named_parameters())[n].data.copy_(t) for n, t in weights],
         raising=False,
@@ -700,14 +705,16 @@ def fake_vllm(monkeypatch, world):
     return FakeLLM
 
 
-def test_vllm_engine_requests_and_answers_round_trip_through_the_vllm_api(world, fake_vllm):
+def test_vllm_engine_requests_and_answers_round_trip_through_the_vllm_api(rollout_world, fake_vllm):
     import os
 
     from searchrl.rollout.vllm_generator import VLLMEngine
 
     cfg = GenerationConfig(temperature=0.0, max_new_tokens_per_turn=20, max_episode_tokens=300)
-    policy = copy.deepcopy(world["model"])
-    gen = VLLMGenerator(policy, world["tok"], replace(cfg), gpu_memory_utilization=0.25, max_model_len=512)
+    policy = copy.deepcopy(rollout_world["model"])
+    gen = VLLMGenerator(
+        policy, rollout_world["tok"], replace(cfg), gpu_memory_utilization=0.25, max_model_len=512
+    )
     assert isinstance(gen.engine, VLLMEngine) and gen.engine.max_model_len == 512
     llm = fake_vllm.instances[0]
     kw = llm.kwargs
@@ -718,8 +725,10 @@ def test_vllm_engine_requests_and_answers_round_trip_through_the_vllm_api(world,
     assert kw["max_num_batched_tokens"] == 4096
     assert os.environ["WORLD_SIZE"] == "1" and os.environ["RANK"] == "0"
     # Greedy rollouts through the vLLM-shaped requests and answers equal HFGenerator's.
-    a = gen.rollout(make_envs(world, 3), rows_for(3))
-    b = HFGenerator(policy, world["tok"], replace(cfg)).rollout(make_envs(world, 3), rows_for(3))
+    a = gen.rollout(make_envs(rollout_world, 3), rows_for(3))
+    b = HFGenerator(policy, rollout_world["tok"], replace(cfg)).rollout(
+        make_envs(rollout_world, 3), rows_for(3)
+    )
     assert [t.input_ids for t in a.trajectories] == [t.input_ids for t in b.trajectories]
     assert [t.action_mask for t in a.trajectories] == [t.action_mask for t in b.trajectories]
     assert all(t.metadata["engine"] == "vllm" for t in a.trajectories)
@@ -731,21 +740,23 @@ def test_vllm_engine_requests_and_answers_round_trip_through_the_vllm_api(world,
     assert llm.resets == 1 and not llm.rpc_calls
     for x, y in zip(policy.parameters(), llm.hf.model.parameters(), strict=True):
         assert torch.equal(x, y)
-    a = gen.rollout(make_envs(world, 2), rows_for(2))
-    b = HFGenerator(policy, world["tok"], replace(cfg)).rollout(make_envs(world, 2), rows_for(2))
+    a = gen.rollout(make_envs(rollout_world, 2), rows_for(2))
+    b = HFGenerator(policy, rollout_world["tok"], replace(cfg)).rollout(
+        make_envs(rollout_world, 2), rows_for(2)
+    )
     assert [t.input_ids for t in a.trajectories] == [t.input_ids for t in b.trajectories]
 
 
-def test_vllm_engine_stop_strings_and_worker_process_weight_path(world, fake_vllm, monkeypatch):
+def test_vllm_engine_stop_strings_and_worker_process_weight_path(rollout_world, fake_vllm, monkeypatch):
     from searchrl.rollout.vllm_generator import VLLMEngine
 
     monkeypatch.setattr(fake_vllm, "in_process", False)  # no driver model: collective_rpc
-    policy = copy.deepcopy(world["model"])
-    engine = VLLMEngine.from_model(policy, world["tok"])
+    policy = copy.deepcopy(rollout_world["model"])
+    engine = VLLMEngine.from_model(policy, rollout_world["tok"])
     llm = fake_vllm.instances[0]
     stop = TurnParams(max_tokens=6, temperature=0.0, stop=["</search>"], stop_token_ids=[3])
     plain = TurnParams(max_tokens=6, temperature=0.0, stop_token_ids=[3])
-    prompt = world["tok"]("Where is Varnholt?")["input_ids"]
+    prompt = rollout_world["tok"]("Where is Varnholt?")["input_ids"]
     out = engine.generate([prompt, prompt], [stop, plain])
     assert [len(o.token_ids) for o in out] == [len(o.logprobs) for o in out]
     assert out[0].token_ids == out[1].token_ids  # greedy, and no stop string was produced
@@ -764,12 +775,12 @@ def test_vllm_engine_stop_strings_and_worker_process_weight_path(world, fake_vll
         assert torch.equal(x, y)
 
 
-def test_vllm_engine_refuses_answers_without_logprobs(world, fake_vllm, monkeypatch):
+def test_vllm_engine_refuses_answers_without_logprobs(rollout_world, fake_vllm, monkeypatch):
     from types import SimpleNamespace
 
     from searchrl.rollout.vllm_generator import VLLMEngine
 
-    engine = VLLMEngine.from_model(copy.deepcopy(world["model"]), world["tok"])
+    engine = VLLMEngine.from_model(copy.deepcopy(rollout_world["model"]), rollout_world["tok"])
     monkeypatch.setattr(
         engine.llm,
         "generate",
@@ -792,30 +803,32 @@ def _require_vllm_gpu():
         pytest.skip("no CUDA GPU: the vLLM backend runs on GPUs only")
 
 
-def test_real_vllm_greedy_rollouts_match_hf_and_follow_weight_syncs(world):
+def test_real_vllm_greedy_rollouts_match_hf_and_follow_weight_syncs(rollout_world):
     _require_vllm_gpu()
-    policy = copy.deepcopy(world["model"]).cuda()
+    policy = copy.deepcopy(rollout_world["model"]).cuda()
     cfg = GenerationConfig(temperature=0.0, max_new_tokens_per_turn=24, max_episode_tokens=200)
-    gen = VLLMGenerator(policy, world["tok"], replace(cfg), dtype="float32", gpu_memory_utilization=0.2)
-    hf = HFGenerator(policy, world["tok"], replace(cfg))
-    a = gen.rollout(make_envs(world, 4), rows_for(4))
-    b = hf.rollout(make_envs(world, 4), rows_for(4))
+    gen = VLLMGenerator(
+        policy, rollout_world["tok"], replace(cfg), dtype="float32", gpu_memory_utilization=0.2
+    )
+    hf = HFGenerator(policy, rollout_world["tok"], replace(cfg))
+    a = gen.rollout(make_envs(rollout_world, 4), rows_for(4))
+    b = hf.rollout(make_envs(rollout_world, 4), rows_for(4))
     assert [t.input_ids for t in a.trajectories] == [t.input_ids for t in b.trajectories]
     with torch.no_grad():
         for p in policy.parameters():
             p.add_(torch.randn_like(p) * 0.05)
     gen.sync_weights(policy)
-    a = gen.rollout(make_envs(world, 4), rows_for(4))
-    b = hf.rollout(make_envs(world, 4), rows_for(4))
+    a = gen.rollout(make_envs(rollout_world, 4), rows_for(4))
+    b = hf.rollout(make_envs(rollout_world, 4), rows_for(4))
     assert [t.input_ids for t in a.trajectories] == [t.input_ids for t in b.trajectories]
 
 
-def test_real_vllm_logprobs_are_the_tempered_filtered_ones(world):
+def test_real_vllm_logprobs_are_the_tempered_filtered_ones(rollout_world):
     _require_vllm_gpu()
-    policy = copy.deepcopy(world["model"]).cuda()
+    policy = copy.deepcopy(rollout_world["model"]).cuda()
     cfg = GenerationConfig(temperature=0.7, top_k=50, top_p=0.9, max_new_tokens_per_turn=32)
-    gen = VLLMGenerator(policy, world["tok"], cfg, dtype="float32", gpu_memory_utilization=0.2)
-    batch = gen.rollout(make_envs(world, 4), rows_for(4))
+    gen = VLLMGenerator(policy, rollout_world["tok"], cfg, dtype="float32", gpu_memory_utilization=0.2)
+    batch = gen.rollout(make_envs(rollout_world, 4), rows_for(4))
     for traj in batch.trajectories:
         ids = torch.tensor([traj.input_ids], device="cuda")
         with torch.no_grad():

@@ -69,11 +69,13 @@ class GrpoRun:
 
 def build_grpo_run(root: Path) -> GrpoRun:
     """A one-step GRPO run (our rollout, 2 generations, dev evaluation at step 0) under `root/grpo`."""
+    from worlds import TINY_ONE_LAYER
+
     from searchrl.common.io import write_jsonl
     from searchrl.data.synthetic import generate, preset_config
     from searchrl.grpo.config import GRPORunConfig
     from searchrl.grpo.trainer import run_grpo
-    from searchrl.models.tiny import TinyModelConfig, build_policy, tokenizer_training_texts, train_tokenizer
+    from searchrl.models.tiny import build_policy, tokenizer_training_texts, train_tokenizer
     from searchrl.search.index import build_index
 
     root.mkdir(parents=True, exist_ok=True)
@@ -88,7 +90,7 @@ def build_grpo_run(root: Path) -> GrpoRun:
         list(task.corpus) + UNSEEN_CORPUS * 4, list(task.splits["train"]) + extra * 4
     )
     tok = train_tokenizer(texts, vocab_size=600)
-    policy = build_policy(tok, TinyModelConfig(hidden_size=32, num_hidden_layers=1, intermediate_size=64))
+    policy = build_policy(tok, TINY_ONE_LAYER)
     policy.save_pretrained(root / "policy")
     tok.save_pretrained(root / "policy")
     cfg = GRPORunConfig(

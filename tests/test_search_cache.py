@@ -5,11 +5,9 @@ from __future__ import annotations
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from test_search_support import write_corpus
 
 from searchrl.search.base import Hit
 from searchrl.search.cache import CachedBackend, CacheMiss, cache_key, normalize_query
-from searchrl.search.index import build_index
 
 
 class CountingBackend:
@@ -28,23 +26,17 @@ class CountingBackend:
         return self.inner.search(queries, k)
 
 
-@pytest.fixture(scope="module")
-def bm25(tmp_path_factory):
-    d = tmp_path_factory.mktemp("cache")
-    return build_index(write_corpus(d / "c.jsonl"), d / "index")
-
-
 QUERIES = ["capital of Veland", "rivers", "Glass  Harbor", "Glass Harbor", "rivers", "no such words zzz"]
 
 
-def test_replay_returns_identical_results_with_the_backend_switched_off(bm25, tmp_path):
+def test_replay_returns_identical_results_with_the_backend_switched_off(toy_bm25, tmp_path):
     path = tmp_path / "snap.sqlite"
-    recorder = CachedBackend(CountingBackend(bm25), path, mode="read_write")
+    recorder = CachedBackend(CountingBackend(toy_bm25), path, mode="read_write")
     recorded = recorder.search(QUERIES, 3)
-    assert recorded == bm25.search([normalize_query(q) for q in QUERIES], 3)
+    assert recorded == toy_bm25.search([normalize_query(q) for q in QUERIES], 3)
     recorder.close()
     replay = CachedBackend(None, path, mode="replay")  # no backend at all
-    assert replay.fingerprint == bm25.fingerprint
+    assert replay.fingerprint == toy_bm25.fingerprint
     assert replay.search(QUERIES, 3) == recorded
     assert replay.search(list(reversed(QUERIES)), 3) == list(reversed(recorded))
     with pytest.raises(CacheMiss, match="no result for 1 query at k=3.*'never recorded'"):
@@ -53,8 +45,8 @@ def test_replay_returns_identical_results_with_the_backend_switched_off(bm25, tm
         replay.search(["rivers"], 5)  # k is part of the key
 
 
-def test_identical_queries_in_a_batch_are_searched_once_and_hits_come_from_the_cache(bm25, tmp_path):
-    counting = CountingBackend(bm25)
+def test_identical_queries_in_a_batch_are_searched_once_and_hits_come_from_the_cache(toy_bm25, tmp_path):
+    counting = CountingBackend(toy_bm25)
     cached = CachedBackend(counting, tmp_path / "c.sqlite", mode="read_write")
     first = cached.search(QUERIES, 3)
     assert counting.batches == [["capital of Veland", "rivers", "Glass Harbor", "no such words zzz"]]
@@ -64,13 +56,13 @@ def test_identical_queries_in_a_batch_are_searched_once_and_hits_come_from_the_c
     assert counting.batches[-1] == ["Tirrow"]  # only the new query reached the backend
     assert cached.stats["backend_queries"] == 5 and cached.stats["deduplicated"] == 4
     # A fresh instance on the same file reads what the first wrote.
-    counting2 = CountingBackend(bm25)
+    counting2 = CountingBackend(toy_bm25)
     assert CachedBackend(counting2, tmp_path / "c.sqlite").search(["rivers"], 3) == [first[1]]
     assert counting2.batches == []
 
 
-def test_off_mode_still_deduplicates_and_never_writes(bm25, tmp_path):
-    counting = CountingBackend(bm25)
+def test_off_mode_still_deduplicates_and_never_writes(toy_bm25, tmp_path):
+    counting = CountingBackend(toy_bm25)
     off = CachedBackend(counting, tmp_path / "off.sqlite", mode="off")
     off.search(["rivers", "rivers "], 2)
     off.search(["rivers"], 2)
@@ -78,16 +70,16 @@ def test_off_mode_still_deduplicates_and_never_writes(bm25, tmp_path):
     assert not (tmp_path / "off.sqlite").exists()
 
 
-def test_replay_is_read_only_and_modes_are_checked(bm25, tmp_path):
+def test_replay_is_read_only_and_modes_are_checked(toy_bm25, tmp_path):
     with pytest.raises(FileNotFoundError, match="replay cache not found"):
         CachedBackend(None, tmp_path / "missing.sqlite", mode="replay")
     with pytest.raises(ValueError, match="cache mode 'sometimes' is unknown"):
-        CachedBackend(bm25, tmp_path / "x.sqlite", mode="sometimes")
+        CachedBackend(toy_bm25, tmp_path / "x.sqlite", mode="sometimes")
     with pytest.raises(ValueError, match="needs a backend"):
         CachedBackend(None, tmp_path / "x.sqlite", mode="read_write")
-    CachedBackend(bm25, tmp_path / "two.sqlite").search(["rivers"], 1)
+    CachedBackend(toy_bm25, tmp_path / "two.sqlite").search(["rivers"], 1)
     # Two fingerprints in one file: replay must be told which one.
-    other = CountingBackend(bm25)
+    other = CountingBackend(toy_bm25)
     other.__class__ = type("Other", (CountingBackend,), {"fingerprint": property(lambda self: "other-index")})
     CachedBackend(other, tmp_path / "two.sqlite").search(["rivers"], 1)
     with pytest.raises(ValueError, match="several index fingerprints"):

@@ -9,27 +9,14 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from test_search_support import ServerProcess, write_corpus
+from test_search_support import TOY_SERVER_TOKEN, ServerProcess
 
 from searchrl.search.base import BadSearchRequest, SearchTimeout, SearchUnavailable
 from searchrl.search.cache import CachedBackend
 from searchrl.search.client import HTTPBackend
-from searchrl.search.index import build_index
 
-TOKEN = "client-token"
+TOKEN = TOY_SERVER_TOKEN
 QUERIES = ["capital of Veland", "rivers bridges", "Glass Harbor", "zzz nothing"]
-
-
-@pytest.fixture(scope="module")
-def index(tmp_path_factory):
-    d = tmp_path_factory.mktemp("client")
-    return build_index(write_corpus(d / "c.jsonl"), d / "index"), d / "index"
-
-
-@pytest.fixture(scope="module")
-def server(index):
-    with ServerProcess(index[1], token=TOKEN) as s:
-        yield s
 
 
 def fast_client(url: str, **kw) -> HTTPBackend:
@@ -38,9 +25,9 @@ def fast_client(url: str, **kw) -> HTTPBackend:
 
 
 @pytest.mark.parametrize("protocol", ["search_r1", "flashrag", "skyrl"])
-def test_every_protocol_returns_what_the_index_returns(index, server, protocol):
-    backend, _ = index
-    client = HTTPBackend(server.url, protocol=protocol, token=TOKEN)
+def test_every_protocol_returns_what_the_index_returns(toy_bm25, toy_server, protocol):
+    backend = toy_bm25
+    client = HTTPBackend(toy_server.url, protocol=protocol, token=TOKEN)
     got = client.search(QUERIES, 3)
     want = backend.search(QUERIES, 3)
     assert [[(h.doc_id, h.title, h.text) for h in hits] for hits in got] == [
@@ -52,31 +39,33 @@ def test_every_protocol_returns_what_the_index_returns(index, server, protocol):
     # Search-R1 and FlashRAG send the whole batch in one request; SkyRL's format allows one query.
     assert client.stats["requests"] == (len(QUERIES) if protocol == "skyrl" else 1)
     assert client.fingerprint == backend.fingerprint  # read from the server's /health
-    assert HTTPBackend(server.url, fingerprint="pinned").fingerprint == "pinned"
+    assert HTTPBackend(toy_server.url, fingerprint="pinned").fingerprint == "pinned"
 
 
-def test_full_endpoint_url_is_accepted(server):
-    client = HTTPBackend(server.url + "/retrieve", token=TOKEN)
+def test_full_endpoint_url_is_accepted(toy_server):
+    client = HTTPBackend(toy_server.url + "/retrieve", token=TOKEN)
     assert client.endpoint == "/retrieve" and client.search(["rivers"], 1)[0]
 
 
-def test_4xx_is_never_retried(server):
-    client = fast_client(server.url, token=TOKEN)
+def test_4xx_is_never_retried(toy_server):
+    client = fast_client(toy_server.url, token=TOKEN)
     with pytest.raises(BadSearchRequest, match="HTTP 422.*between 1 and 100"):
         client.search(["rivers"], 1000)
     assert client.stats["requests"] == 1 and client.stats["retries"] == 0
-    no_token = fast_client(server.url)
+    no_token = fast_client(toy_server.url)
     with pytest.raises(BadSearchRequest, match="HTTP 401"):
         no_token.search(["rivers"], 1)
     assert no_token.stats["requests"] == 1
 
 
-def test_server_killed_mid_run_gives_unavailable_and_the_cache_still_replays(index, tmp_path):
-    with ServerProcess(index[1]) as victim:
+def test_server_killed_mid_run_gives_unavailable_and_the_cache_still_replays(
+    toy_bm25, toy_index_dir, tmp_path
+):
+    with ServerProcess(toy_index_dir) as victim:
         client = fast_client(victim.url)
         recorder = CachedBackend(client, tmp_path / "snap.sqlite", mode="read_write")
         recorded = recorder.search(QUERIES, 3)
-        assert recorder.fingerprint == index[0].fingerprint
+        assert recorder.fingerprint == toy_bm25.fingerprint
         recorder.close()
         victim.stop()
         before = client.stats["requests"]
@@ -87,7 +76,7 @@ def test_server_killed_mid_run_gives_unavailable_and_the_cache_still_replays(ind
         assert time.monotonic() - t <= client.deadline_s
     # The snapshot answers with the server gone and no backend at all.
     replay = CachedBackend(None, tmp_path / "snap.sqlite", mode="replay")
-    assert replay.fingerprint == index[0].fingerprint
+    assert replay.fingerprint == toy_bm25.fingerprint
     assert replay.search(QUERIES, 3) == recorded
 
 

@@ -16,11 +16,10 @@ import threading
 import time
 
 import pytest
-from test_search_support import ServerProcess, write_corpus
+from test_search_support import ServerProcess
 
 from searchrl.search.base import BadSearchRequest, SearchTimeout, SearchUnavailable
 from searchrl.search.client import AsyncHTTPBackend
-from searchrl.search.index import build_index
 
 
 class PoolServer(ServerProcess):
@@ -41,14 +40,8 @@ QUERIES = ["capital of Veland", "rivers bridges", "Glass Harbor", "zzz nothing",
 
 
 @pytest.fixture(scope="module")
-def index(tmp_path_factory):
-    d = tmp_path_factory.mktemp("async_client")
-    return build_index(write_corpus(d / "c.jsonl"), d / "index"), d / "index"
-
-
-@pytest.fixture(scope="module")
-def server(index):
-    with PoolServer(index[1], token=TOKEN, extra=["--workers", "2"]) as s:
+def server(toy_index_dir):
+    with PoolServer(toy_index_dir, token=TOKEN, extra=["--workers", "2"]) as s:
         yield s
 
 
@@ -62,8 +55,8 @@ def as_tuples(results):
 
 
 @pytest.mark.parametrize("protocol", ["search_r1", "flashrag", "skyrl"])
-def test_concurrent_batches_return_what_the_index_returns_within_the_limit(index, server, protocol):
-    backend, _ = index
+def test_concurrent_batches_return_what_the_index_returns_within_the_limit(toy_bm25, server, protocol):
+    backend = toy_bm25
     client = AsyncHTTPBackend(
         server.url, protocol=protocol, token=TOKEN, max_concurrency=3, read_timeout=10.0
     )
@@ -83,9 +76,9 @@ def test_concurrent_batches_return_what_the_index_returns_within_the_limit(index
     assert client.stats["max_in_flight"] == 3
 
 
-def test_sync_search_still_works_on_the_async_client(index, server):
+def test_sync_search_still_works_on_the_async_client(toy_bm25, server):
     client = AsyncHTTPBackend(server.url, token=TOKEN)
-    assert as_tuples(client.search(QUERIES, 3)) == as_tuples(index[0].search(QUERIES, 3))
+    assert as_tuples(client.search(QUERIES, 3)) == as_tuples(toy_bm25.search(QUERIES, 3))
     assert asyncio.run(client.asearch([], 3)) == []
 
 
@@ -171,11 +164,11 @@ def _workers(server: ServerProcess, n: int, timeout: float = 30.0) -> list:
         time.sleep(0.1)
 
 
-def test_two_workers_share_the_load_and_the_service_outlives_one_of_them(index):
+def test_two_workers_share_the_load_and_the_service_outlives_one_of_them(toy_bm25, toy_index_dir):
     from searchrl.search.client import HTTPBackend
 
     # Its own server: this test kills a worker.
-    backend, index_dir = index
+    backend, index_dir = toy_bm25, toy_index_dir
     with PoolServer(index_dir, token=TOKEN, extra=["--workers", "2"]) as s:
         workers = _workers(s, 2)
         assert len(workers) == 2, "searchrl serve --workers 2 should run two worker processes"

@@ -13,15 +13,8 @@ from searchrl.search.bm25 import BM25Backend, BM25Params
 from searchrl.search.cache import CachedBackend
 from searchrl.search.client import HTTPBackend
 from searchrl.search.faults import FaultInjectingBackend
-from searchrl.search.index import SearchConfig, build_index, open_backend
+from searchrl.search.index import SearchConfig, open_backend
 from searchrl.search.server import ServerLimits
-
-
-@pytest.fixture(scope="module")
-def index_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("cfg")
-    build_index(write_corpus(d / "c.jsonl"), d / "index")
-    return d / "index"
 
 
 def test_every_config_field_has_help():
@@ -30,9 +23,9 @@ def test_every_config_field_has_help():
             assert f.metadata.get("help"), f"{cls.__name__}.{f.name} has no help"
 
 
-def test_stack_order_index_faults_cache(index_dir, tmp_path):
-    assert isinstance(open_backend(SearchConfig(index=str(index_dir))), BM25Backend)
-    cfg = SearchConfig(index=str(index_dir), fault_drop_rate=0.5, cache=str(tmp_path / "c.sqlite"))
+def test_stack_order_index_faults_cache(toy_index_dir, tmp_path):
+    assert isinstance(open_backend(SearchConfig(index=str(toy_index_dir))), BM25Backend)
+    cfg = SearchConfig(index=str(toy_index_dir), fault_drop_rate=0.5, cache=str(tmp_path / "c.sqlite"))
     stack = open_backend(cfg)
     assert isinstance(stack, CachedBackend) and isinstance(stack.backend, FaultInjectingBackend)
     recorded = stack.search(["rivers", "Tirrow"], 3)
@@ -43,20 +36,20 @@ def test_stack_order_index_faults_cache(index_dir, tmp_path):
     assert replay.search(["rivers", "Tirrow"], 3) == recorded
 
 
-def test_url_config_and_errors(index_dir):
-    with ServerProcess(index_dir) as server:
+def test_url_config_and_errors(toy_index_dir):
+    with ServerProcess(toy_index_dir) as server:
         backend = open_backend(SearchConfig(url=server.url, read_timeout=5))
         assert isinstance(backend, HTTPBackend)
         assert backend.search(["capital of Veland"], 1)[0][0].doc_id == "c1"
     with pytest.raises(ValueError, match="exactly one of 'index'"):
         open_backend(SearchConfig())
     with pytest.raises(ValueError, match="exactly one of 'index'"):
-        open_backend(SearchConfig(index=str(index_dir), url="http://127.0.0.1:1"))
+        open_backend(SearchConfig(index=str(toy_index_dir), url="http://127.0.0.1:1"))
     with pytest.raises(ValueError, match="needs 'cache'"):
         open_backend(SearchConfig(cache_mode="replay"))
 
 
-def test_run_configs_open_through_the_one_opener(index_dir, tmp_path, monkeypatch):
+def test_run_configs_open_through_the_one_opener(toy_index_dir, tmp_path, monkeypatch):
     from searchrl.common.config import ConfigError
     from searchrl.grpo.config import GRPORunConfig
     from searchrl.ppo.config import PPOConfig
@@ -74,7 +67,7 @@ def test_run_configs_open_through_the_one_opener(index_dir, tmp_path, monkeypatc
     assert "Authorization" not in ppo.open_backend()._client.headers
     grpo = GRPORunConfig(search_backend="http", search_url="http://127.0.0.1:9")
     assert isinstance(grpo.open_backend(), HTTPBackend)  # both trainers read the same search section
-    assert isinstance(GRPORunConfig(index_dir=str(index_dir)).open_backend(), BM25Backend)
+    assert isinstance(GRPORunConfig(index_dir=str(toy_index_dir)).open_backend(), BM25Backend)
     with pytest.raises(ConfigError, match="index_dir is not set"):
         GRPORunConfig().open_backend()
 

@@ -5,19 +5,11 @@ from __future__ import annotations
 import time
 
 import pytest
-from test_search_support import write_corpus
 
 from searchrl.search.base import SearchError, SearchTimeout, SearchUnavailable
 from searchrl.search.faults import FaultInjectingBackend
-from searchrl.search.index import build_index
 
 QUERIES = ["rivers", "capital of Veland", "Glass Harbor film", "Quell Brask"]
-
-
-@pytest.fixture(scope="module")
-def bm25(tmp_path_factory):
-    d = tmp_path_factory.mktemp("faults")
-    return build_index(write_corpus(d / "c.jsonl"), d / "index")
 
 
 def run(backend, calls: int) -> list:
@@ -36,33 +28,33 @@ def faulty(bm25, seed: int) -> FaultInjectingBackend:
     )
 
 
-def test_same_seed_same_faults_other_seed_other_faults(bm25):
-    a, b, c = faulty(bm25, 7), faulty(bm25, 7), faulty(bm25, 8)
+def test_same_seed_same_faults_other_seed_other_faults(toy_bm25):
+    a, b, c = faulty(toy_bm25, 7), faulty(toy_bm25, 7), faulty(toy_bm25, 8)
     out_a, out_b, out_c = run(a, 60), run(b, 60), run(c, 60)
     assert out_a == out_b and a.counters == b.counters
     assert out_a != out_c
     assert {"SearchTimeout", "SearchUnavailable"} <= {o for o in out_a if isinstance(o, str)}
 
 
-def test_rates_are_respected(bm25):
-    backend = FaultInjectingBackend(bm25, seed=1, timeout_rate=0.1, error_rate=0.3)
+def test_rates_are_respected(toy_bm25):
+    backend = FaultInjectingBackend(toy_bm25, seed=1, timeout_rate=0.1, error_rate=0.3)
     run(backend, 500)
     c = backend.counters
     assert c["calls"] == 500
     # Binomial(500, p): these bounds are > 5 standard deviations wide.
     assert 20 <= c["timeouts"] <= 85
     assert 110 <= c["errors"] <= 190
-    clean = FaultInjectingBackend(bm25, seed=1)
-    assert run(clean, 20) == [[[h.doc_id for h in hits] for hits in bm25.search(QUERIES, 5)]] * 20
+    clean = FaultInjectingBackend(toy_bm25, seed=1)
+    assert run(clean, 20) == [[[h.doc_id for h in hits] for hits in toy_bm25.search(QUERIES, 5)]] * 20
 
 
-def test_drops_keep_order_and_shuffles_keep_the_hits(bm25):
-    truth = bm25.search(QUERIES, 5)
-    dropper = FaultInjectingBackend(bm25, seed=3, drop_rate=1.0)
+def test_drops_keep_order_and_shuffles_keep_the_hits(toy_bm25):
+    truth = toy_bm25.search(QUERIES, 5)
+    dropper = FaultInjectingBackend(toy_bm25, seed=3, drop_rate=1.0)
     for got, want in zip(dropper.search(QUERIES, 5), truth, strict=True):
         assert len(got) < len(want)
         assert [h for h in want if h in got] == got  # a subsequence: surviving hits keep their ranks
-    shuffler = FaultInjectingBackend(bm25, seed=3, shuffle_rate=1.0)
+    shuffler = FaultInjectingBackend(toy_bm25, seed=3, shuffle_rate=1.0)
     outs = [shuffler.search(QUERIES, 5) for _ in range(5)]
     assert all(
         sorted(g, key=lambda h: h.doc_id) == sorted(w, key=lambda h: h.doc_id)
@@ -73,22 +65,22 @@ def test_drops_keep_order_and_shuffles_keep_the_hits(bm25):
     assert dropper.counters["dropped"] == len(QUERIES) and shuffler.counters["shuffled"] > 0
 
 
-def test_latency_and_timeout_wait(bm25):
-    slow = FaultInjectingBackend(bm25, seed=0, latency_ms=30)
+def test_latency_and_timeout_wait(toy_bm25):
+    slow = FaultInjectingBackend(toy_bm25, seed=0, latency_ms=30)
     t = time.perf_counter()
     slow.search(["rivers"], 1)
     assert time.perf_counter() - t >= 0.029
-    hang = FaultInjectingBackend(bm25, seed=0, timeout_rate=1.0, timeout_s=0.05)
+    hang = FaultInjectingBackend(toy_bm25, seed=0, timeout_rate=1.0, timeout_s=0.05)
     t = time.perf_counter()
     with pytest.raises(SearchTimeout, match="injected timeout"):
         hang.search(["rivers"], 1)
     assert 0.049 <= time.perf_counter() - t < 2
     with pytest.raises(SearchUnavailable, match="injected backend error"):
-        FaultInjectingBackend(bm25, seed=0, error_rate=1.0).search(["rivers"], 1)
+        FaultInjectingBackend(toy_bm25, seed=0, error_rate=1.0).search(["rivers"], 1)
 
 
-def test_bad_rates_are_rejected(bm25):
+def test_bad_rates_are_rejected(toy_bm25):
     with pytest.raises(ValueError, match="drop_rate must be a probability"):
-        FaultInjectingBackend(bm25, drop_rate=1.5)
+        FaultInjectingBackend(toy_bm25, drop_rate=1.5)
     with pytest.raises(ValueError, match=">= 0"):
-        FaultInjectingBackend(bm25, latency_ms=-1)
+        FaultInjectingBackend(toy_bm25, latency_ms=-1)

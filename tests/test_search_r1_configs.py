@@ -15,13 +15,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from worlds import TINY_ONE_LAYER
 
 from searchrl.common.config import load_config
 from searchrl.common.io import write_jsonl
 from searchrl.common.trajectory import read_trajectories
 from searchrl.env.protocol import format_answer, format_search_r1_call
 from searchrl.grpo.config import GRPORunConfig
-from searchrl.models.tiny import TinyModelConfig, build_policy, tokenizer_training_texts, train_tokenizer
+from searchrl.models.tiny import build_policy, tokenizer_training_texts, train_tokenizer
 from searchrl.ppo.config import PPOConfig
 from searchrl.rollout.generator import ScriptedPolicy
 from searchrl.search.index import build_index
@@ -107,7 +108,7 @@ def toy(tmp_path_factory):
     write_jsonl(root / "train.jsonl", rows)
     write_jsonl(root / "dev.jsonl", rows[:2])
     tok = train_tokenizer(tokenizer_training_texts(corpus * 3, rows * 3), vocab_size=500)
-    policy = build_policy(tok, TinyModelConfig(hidden_size=32, num_hidden_layers=1, intermediate_size=64))
+    policy = build_policy(tok, TINY_ONE_LAYER)
     policy.save_pretrained(root / "policy")
     tok.save_pretrained(root / "policy")
     return root

@@ -9,21 +9,18 @@ import psutil
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_search_support import ServerProcess, write_corpus
+from test_search_support import TOY_SERVER_TOKEN
 
 from searchrl.search.corpus import split_search_r1_contents
-from searchrl.search.index import build_index, read_meta
+from searchrl.search.index import read_meta
 
-TOKEN = "s3cret-token"
+TOKEN = TOY_SERVER_TOKEN
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    d = tmp_path_factory.mktemp("served")
-    backend = build_index(write_corpus(d / "corpus.jsonl"), d / "index")
-    with ServerProcess(d / "index", token=TOKEN) as server:
-        yield server, backend, d / "index"
+def served(toy_server, toy_bm25, toy_index_dir):
+    return toy_server, toy_bm25, toy_index_dir
 
 
 def post(server, path: str, body, headers=AUTH, raw: bytes | None = None) -> httpx.Response:

@@ -1,5 +1,6 @@
 """Shared helpers for the search tests: a toy corpus and a real `searchrl serve` subprocess.
 
+conftest.py indexes the toy corpus once (`toy_index_dir`, `toy_bm25`) and serves it (`toy_server`).
 (Named test_search_* so it lives with the search room's tests; it holds no tests itself.)
 """
 
@@ -37,6 +38,10 @@ TOY_DOCS = [
     {"id": "x2", "title": "Runner", "contents": "The runner runs; running is what runners do."},
     {"id": "x3", "title": "Empty words", "contents": "the and of a"},
 ]
+
+
+# The bearer token of conftest.py's `toy_server` (the toy index served by a real process).
+TOY_SERVER_TOKEN = "s3cret-token"
 
 
 def write_corpus(path: Path, rows: list[dict] = TOY_DOCS) -> Path:

@@ -11,22 +11,19 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from worlds import TINY_ONE_LAYER
 
 from searchrl.common.config import ConfigError
-from searchrl.common.io import write_jsonl
-from searchrl.data.synthetic import _FACT_TEMPLATES, RELATION_WORDS, generate, preset_config, relation_chain
+from searchrl.data.synthetic import _FACT_TEMPLATES, RELATION_WORDS, relation_chain
 from searchrl.env.environment import EnvConfig, SearchEnvironment
-from searchrl.models.tiny import TinyModelConfig, build_policy, tokenizer_training_texts, train_tokenizer
+from searchrl.models.tiny import build_policy, tokenizer_training_texts, train_tokenizer
 from searchrl.rewards.citation import citation_status
 from searchrl.rewards.qa import exact_match, normalize_answer
 from searchrl.rollout.chat import ToolGlue, render_conversation
-from searchrl.search.index import build_index
 from searchrl.sft.expert import NOISE_KINDS, ExpertConfig, ExpertPolicy, read_fact_object
 from searchrl.sft.warm_start import IGNORE_INDEX, prompt_texts, sft_example
 
-MODEL = TinyModelConfig(
-    hidden_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, intermediate_size=64
-)
+MODEL = TINY_ONE_LAYER
 
 
 class _EmptyBackend:
@@ -37,13 +34,10 @@ class _EmptyBackend:
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory):
+def world(synthetic_index):
     torch.set_num_threads(1)
-    root = tmp_path_factory.mktemp("expert")
-    task = generate(preset_config("tiny", seed=3))
-    write_jsonl(root / "corpus.jsonl", task.corpus)
-    backend = build_index(root / "corpus.jsonl", root / "index", backend="bm25")
-    backend.search(["warm up"], 1)  # the first match JIT-compiles; keep it out of the rollouts
+    synthetic = synthetic_index(3)
+    task, backend = synthetic.task, synthetic.backend
     probe = SearchEnvironment(backend, EnvConfig())
     rows = task.splits["train"]
     tok = train_tokenizer(

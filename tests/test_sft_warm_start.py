@@ -12,14 +12,12 @@ import dataclasses
 
 import pytest
 import torch
+from worlds import TINY_WIDE
 
 from searchrl.common.config import ConfigError
-from searchrl.common.io import write_jsonl
 from searchrl.common.trajectory import Trajectory
-from searchrl.data.synthetic import generate, preset_config
 from searchrl.env.environment import EnvConfig, SearchEnvironment
-from searchrl.models.tiny import TinyModelConfig, build_policy, tokenizer_training_texts, train_tokenizer
-from searchrl.search.index import build_index
+from searchrl.models.tiny import build_policy, tokenizer_training_texts, train_tokenizer
 from searchrl.sft.expert import ExpertConfig, ExpertPolicy
 from searchrl.sft.warm_start import (
     IGNORE_INDEX,
@@ -33,22 +31,17 @@ from searchrl.sft.warm_start import (
     warm_start,
 )
 
-MODEL = TinyModelConfig(
-    hidden_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, intermediate_size=128
-)
+MODEL = TINY_WIDE
 TRAIN = SFTWarmStartConfig(
     learning_rate=1e-2, max_steps=150, per_device_train_batch_size=4, warmup_ratio=0.1, logging_steps=1
 )
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory):
+def setup(synthetic_index):
     torch.set_num_threads(1)
-    root = tmp_path_factory.mktemp("sft")
-    task = generate(preset_config("tiny", seed=0))
-    write_jsonl(root / "corpus.jsonl", task.corpus)
-    backend = build_index(root / "corpus.jsonl", root / "index", backend="bm25")
-    backend.search(["warm up"], 1)  # JIT compile outside the timed parts
+    synthetic = synthetic_index(0)
+    task, backend = synthetic.task, synthetic.backend
     rows = task.splits["train"]
     probe = SearchEnvironment(backend, EnvConfig())
     tok = train_tokenizer(
