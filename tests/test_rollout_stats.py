@@ -99,6 +99,19 @@ def test_sampling_distribution_is_normalised_and_filters(row, temperature, top_k
         )
 
 
+@pytest.mark.parametrize("ties", [2, 17, 64])
+def test_top_p_over_tied_logits_keeps_the_first_and_is_deterministic(ties):
+    # Found by hypothesis: with 17+ equal top logits an unstable sort could drop the argmax token.
+    logits = torch.cat([torch.full((1, ties), 3.0), torch.zeros(1, 5)], dim=-1)
+    logp = sampling_log_probs(logits, 1.0, 0, 0.5)
+    kept = torch.isfinite(logp)[0]
+    assert kept[0] and kept[:ties].sum() >= 1 and not kept[ties:].any()
+    # The kept tokens are the lowest-index ones among the tied: a prefix of the tie.
+    n = int(kept.sum())
+    assert kept[:n].all()
+    assert torch.equal(logp, sampling_log_probs(logits, 1.0, 0, 0.5))
+
+
 def test_top_p_keeps_the_smallest_prefix_reaching_the_mass():
     probs = torch.tensor([[0.5, 0.3, 0.15, 0.05]])
     logp = sampling_log_probs(probs.log(), 1.0, 0, 0.75)

@@ -63,7 +63,10 @@ def sampling_log_probs(
         kth = torch.topk(scaled, top_k, dim=-1).values[..., -1:]
         scaled = scaled.masked_fill(scaled < kth, float("-inf"))
     if top_p < 1.0:
-        sorted_logits, order = torch.sort(scaled, dim=-1, descending=True)
+        # Stable: tied logits keep their index order, so which of them the nucleus keeps is the same on every
+        # device and run, and the first most likely token is always among them (an unstable sort could put it
+        # after 16 or more equal ones and cut it).
+        sorted_logits, order = torch.sort(scaled, dim=-1, descending=True, stable=True)
         cumulative = torch.softmax(sorted_logits, dim=-1).cumsum(dim=-1)
         # Remove a token when the mass before it already reaches top_p (the first token always stays).
         remove_sorted = (cumulative - torch.softmax(sorted_logits, dim=-1)) >= top_p
