@@ -525,7 +525,9 @@ def grpo_config(tmp_path, **kw):
     return GRPORunConfig(**{**base, **kw})
 
 
-def test_grpo_our_rollout_on_the_vllm_backend_syncs_the_engine_after_every_optimizer_step(world, tmp_path):
+def test_grpo_our_rollout_on_the_vllm_backend_syncs_the_engine_after_every_optimizer_step(
+    rollout_world, tmp_path
+):
     from transformers import TrainerCallback
 
     from searchrl.grpo.trainer import build_grpo_trainer
@@ -548,13 +550,13 @@ def test_grpo_our_rollout_on_the_vllm_backend_syncs_the_engine_after_every_optim
             seen.append((state.global_step, engine.loads, same))
 
     cfg = grpo_config(tmp_path)
-    policy = copy.deepcopy(world["model"])
+    policy = copy.deepcopy(rollout_world["model"])
     start = [p.detach().clone() for p in policy.parameters()]
     trainer = build_grpo_trainer(
         cfg,
         policy,
-        world["tok"],
-        world["backend"],
+        rollout_world["tok"],
+        rollout_world["backend"],
         QA[:2],
         eval_rows=QA[:2],
         rubric=LikedTokensRubric(),
@@ -574,7 +576,7 @@ def test_grpo_our_rollout_on_the_vllm_backend_syncs_the_engine_after_every_optim
     assert evaluated["step"] == 2 and "eval/reward" in evaluated
 
 
-def test_grpo_rollout_backend_vllm_is_checked_in_both_modes(world, tmp_path):
+def test_grpo_rollout_backend_vllm_is_checked_in_both_modes(rollout_world, tmp_path):
     from searchrl.grpo.trainer import build_grpo_trainer
 
     with pytest.raises(ConfigError, match=r"needs mode: our_rollout.*TRL's use_vllm.*another engine"):
@@ -586,9 +588,9 @@ def test_grpo_rollout_backend_vllm_is_checked_in_both_modes(world, tmp_path):
     with pytest.raises(ConfigError, match=r"rollout_backend=\"vllm\" needs"):
         build_grpo_trainer(
             grpo_config(tmp_path),
-            copy.deepcopy(world["model"]),
-            world["tok"],
-            world["backend"],
+            copy.deepcopy(rollout_world["model"]),
+            rollout_world["tok"],
+            rollout_world["backend"],
             QA[:2],
             rubric=LikedTokensRubric(),
         )
