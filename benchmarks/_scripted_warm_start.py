@@ -1,4 +1,5 @@
-"""The scripted warm start two benchmarks give their tiny policy before measuring it (bench_trainers, bench_vllm).
+"""The scripted warm start two benchmarks give their tiny policy before measuring it (bench_trainers, bench_vllm),
+and the GRPO tests' world (tests/worlds.py) before the tests use it.
 
 What: `scripted_warm_start` runs one scripted expert episode per row through the real rollout engine (search
 the question, then answer with the row's first gold, citing its first supporting document), then takes
@@ -25,9 +26,10 @@ def scripted_warm_start(
     generation: GenerationConfig,
     steps: int,
     lr: float,
-) -> None:
+) -> list[Any]:
     """`steps` supervised steps (AdamW at `lr`, the whole batch each step) on the action tokens of one scripted
-    episode per (env, row), on the policy's device; the policy is left in train mode."""
+    episode per (env, row), on the policy's device; the policy is left in train mode. Returns the scripted
+    episodes (the trajectories trained on), for a caller to check."""
     turns = [
         [
             format_tool_call("search", {"query": r["question"]}),
@@ -54,3 +56,4 @@ def scripted_warm_start(
         policy(input_ids=ids, attention_mask=attention, labels=labels).loss.backward()
         optimizer.step()
         optimizer.zero_grad()
+    return trajs

@@ -25,7 +25,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # worlds.py, also when run as a script
 
-from worlds import VARNHOLT_QA, build_rollout_world  # noqa: E402
+from worlds import SCRIPTS, VARNHOLT_QA, answer, build_rollout_world, call  # noqa: E402
 
 from searchrl.env.environment import EnvConfig, SearchEnvironment  # noqa: E402
 from searchrl.rollout.generator import GenerationConfig, HFGenerator, ScriptedPolicy  # noqa: E402
@@ -45,20 +45,6 @@ PINNED_STATS = (
 )
 
 
-def call(query: str) -> str:
-    return f"<tool_call>\n{json.dumps({'name': 'search', 'arguments': {'query': query}})}\n</tool_call>"
-
-
-def answer(text: str, *cites: str) -> str:
-    return "<answer>" + " ".join([text, *[f"[{c}]" for c in cites]]) + "</answer>"
-
-
-SCRIPTS = [
-    [answer("Quessa", "d1")],
-    [call("Varnholt province"), answer("Quessa", "d1")],
-    [call("capital of Quessa"), call("Orlenn founded"), answer("Amsel Drov", "d3")],
-    [call("Orlenn"), call("Amsel Drov"), call("Tiberk"), answer("Tiberk", "d4")],
-]
 # A scripted first search, then the model's own tokens: free decoding over observations in the cache.
 OPENINGS = [[call("Varnholt province")], [call("Orlenn")], [], [call("Amsel Drov")], [call("Tiberk")], []]
 R1_SCRIPTS = [

@@ -23,7 +23,7 @@ from dataclasses import replace
 
 import pytest
 import torch
-from worlds import VARNHOLT_QA
+from worlds import SCRIPTS, VARNHOLT_QA, answer, call
 
 from searchrl.common.config import ConfigError
 from searchrl.env.environment import EnvConfig, SearchEnvironment
@@ -43,22 +43,6 @@ torch.set_num_threads(1)  # tiny models on a shared 2-core machine
 VLLM_ON_GPU = importlib.util.find_spec("vllm") is not None and torch.cuda.is_available()
 
 QA = VARNHOLT_QA
-
-
-def call(query: str) -> str:
-    return f"<tool_call>\n{json.dumps({'name': 'search', 'arguments': {'query': query}})}\n</tool_call>"
-
-
-def answer(text: str, *cites: str) -> str:
-    return "<answer>" + " ".join([text, *[f"[{c}]" for c in cites]]) + "</answer>"
-
-
-SCRIPTS = [
-    [answer("Quessa", "d1")],
-    [call("Varnholt province"), answer("Quessa", "d1")],
-    [call("capital of Quessa"), call("Orlenn founded"), answer("Amsel Drov", "d3")],
-    [call("Orlenn"), call("Amsel Drov"), call("Tiberk"), answer("Tiberk", "d4")],
-]
 
 
 def make_envs(world, n: int, **cfg) -> list[SearchEnvironment]:

@@ -38,6 +38,26 @@ VARNHOLT_QA: list[dict] = [
     {"id": "q3", "question": "Where was the founder of Orlenn born?", "golds": ["Tiberk"]},
     {"id": "q4", "question": "What lies west of Quessa?", "golds": ["Pale Coast"]},
 ]
+
+
+def call(query: str) -> str:
+    """A JSON-protocol search call, as the model writes it."""
+    return f"<tool_call>\n{json.dumps({'name': 'search', 'arguments': {'query': query}})}\n</tool_call>"
+
+
+def answer(text: str, *cites: str) -> str:
+    """An answer citing document ids, as the model writes it."""
+    return "<answer>" + " ".join([text, *[f"[{c}]" for c in cites]]) + "</answer>"
+
+
+# One scripted episode per VARNHOLT_QA question (answer at once; one, two and three searches): the rollout
+# tests force these turns through every engine and compare the trajectories token for token.
+SCRIPTS = [
+    [answer("Quessa", "d1")],
+    [call("Varnholt province"), answer("Quessa", "d1")],
+    [call("capital of Quessa"), call("Orlenn founded"), answer("Amsel Drov", "d3")],
+    [call("Orlenn"), call("Amsel Drov"), call("Tiberk"), answer("Tiberk", "d4")],
+]
 # A retrieved document that writes the chat template's special tokens, an answer and a tool call: the
 # rollout must feed it as observation tokens (mask 0) and never let it end a turn or answer.
 INJECTION_DOC: dict[str, str] = {
@@ -166,44 +186,23 @@ def grpo_config(root: Path, mode: str, **overrides: Any) -> Any:
     return GRPORunConfig(**values)
 
 
-def _expert_turns(row: dict) -> list[str]:
-    from searchrl.env.protocol import format_answer, format_tool_call
-
-    doc = list(row.get("supporting_doc_ids", []))[:1]
-    return [format_tool_call("search", {"query": row["question"]}), format_answer(row["golds"][0], doc)]
-
-
 def _warm_start(policy: Any, tokenizer: Any, backend: Any, env_config: Any, rows: list[dict]) -> None:
-    """Supervised steps on the action tokens of expert episodes run through the real engine."""
-    import torch
+    """Supervised steps on the action tokens of expert episodes run through the real engine (the benchmarks'
+    `scripted_warm_start`), each episode checked to search once and answer."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    from _scripted_warm_start import scripted_warm_start
 
     from searchrl.env.environment import SearchEnvironment
-    from searchrl.rollout.generator import GenerationConfig, HFGenerator, ScriptedPolicy
+    from searchrl.rollout.generator import GenerationConfig
 
-    gen = HFGenerator(
-        policy,
-        tokenizer,
-        GenerationConfig(max_new_tokens_per_turn=64, max_episode_tokens=400),
-        forcing=ScriptedPolicy(tokenizer, [_expert_turns(r) for r in rows]),
-    )
     envs = [SearchEnvironment(backend, env_config, tokenizer=tokenizer) for _ in rows]
-    trajs = gen.rollout(envs, [dict(r) for r in rows]).trajectories
+    generation = GenerationConfig(max_new_tokens_per_turn=64, max_episode_tokens=400)
+    trajs = scripted_warm_start(
+        policy, tokenizer, envs, [dict(r) for r in rows], generation, GRPO_WARM_STEPS, GRPO_WARM_LR
+    )
     assert all(t.termination == "answered" and len(t.tool_calls) == 1 for t in trajs)
-    width = max(len(t.input_ids) for t in trajs)
-    ids = torch.full((len(trajs), width), tokenizer.pad_token_id)
-    attention = torch.zeros_like(ids)
-    labels = torch.full_like(ids, -100)
-    for i, t in enumerate(trajs):
-        n = len(t.input_ids)
-        ids[i, :n] = torch.tensor(t.input_ids)
-        attention[i, :n] = 1
-        labels[i, :n] = torch.where(torch.tensor(t.action_mask).bool(), torch.tensor(t.input_ids), -100)
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=GRPO_WARM_LR)
-    policy.train()
-    for _ in range(GRPO_WARM_STEPS):
-        policy(input_ids=ids, attention_mask=attention, labels=labels).loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
 
 
 def build_grpo_world(root: Path, synthetic: SyntheticIndex) -> GrpoWorld:
