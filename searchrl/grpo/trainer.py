@@ -289,8 +289,9 @@ def build_grpo_trainer(
     rollout = None
     if cfg.mode == "our_rollout":
         if generator_factory is None:
-            check_backend(RolloutBackend.of(cfg))  # before TRL loads anything: vllm, CUDA, use_cpu
-            generator_factory = partial(make_generator, backend=RolloutBackend.of(cfg))
+            engine_settings = RolloutBackend.of(cfg)
+            check_backend(engine_settings)  # before TRL loads anything: vllm, CUDA, use_cpu
+            generator_factory = partial(make_generator, backend=engine_settings)
         rollout = EngineRollout(tokenizer, search_env, generation_config_for(cfg), generator_factory)
     evaluate = None
     if eval_rows and (cfg.eval_steps or cfg.eval_on_start):

@@ -7,8 +7,7 @@ light submodule such as the `searchrl models` commands loads none of them.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from searchrl.common.lazy import lazy_attributes
 
 _EXPORTS = {
     name: "searchrl.models.tiny"
@@ -26,8 +25,4 @@ _EXPORTS = {
 
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'searchrl.models' has no attribute {name!r}")
-    return getattr(importlib.import_module(_EXPORTS[name]), name)
+__getattr__ = lazy_attributes(__name__, _EXPORTS)

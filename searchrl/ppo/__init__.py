@@ -8,8 +8,7 @@ controllers), `advantages` (reward placement, GAE over action tokens, whitening)
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from searchrl.common.lazy import lazy_attributes
 
 _EXPORTS = {
     "PPOConfig": "searchrl.ppo.config",
@@ -36,8 +35,4 @@ _EXPORTS = {
 
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'searchrl.ppo' has no attribute {name!r}")
-    return getattr(importlib.import_module(_EXPORTS[name]), name)
+__getattr__ = lazy_attributes(__name__, _EXPORTS)

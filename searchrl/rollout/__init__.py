@@ -7,8 +7,7 @@ rewards) does not pull in torch and transformers.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from searchrl.common.lazy import lazy_attributes
 
 _EXPORTS = {
     "Trajectory": "searchrl.common.trajectory",
@@ -42,8 +41,4 @@ _EXPORTS = {
 
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'searchrl.rollout' has no attribute {name!r}")
-    return getattr(importlib.import_module(_EXPORTS[name]), name)
+__getattr__ = lazy_attributes(__name__, _EXPORTS)

@@ -11,8 +11,7 @@ the module).
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from searchrl.common.lazy import lazy_attributes
 
 _EXPORTS = {
     **dict.fromkeys(("NOISE_KINDS", "ExpertConfig", "ExpertForcing", "ExpertPolicy"), "searchrl.sft.expert"),
@@ -33,8 +32,4 @@ _EXPORTS = {
 
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'searchrl.sft' has no attribute {name!r}")
-    return getattr(importlib.import_module(_EXPORTS[name]), name)
+__getattr__ = lazy_attributes(__name__, _EXPORTS)
