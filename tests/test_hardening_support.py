@@ -132,7 +132,7 @@ class SearchThenAnswer:
         self._ids: dict[tuple[int, int], list[int]] = {}
 
     def _text(self, env: Any, row: int, turn: int) -> str | None:
-        from searchrl.data.synthetic import expert_queries
+        from searchrl.data.synthetic_text import expert_queries
         from searchrl.env.protocol import format_answer, format_tool_call
 
         if turn < self.searches:
