@@ -26,7 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
-from test_search_support import ServerProcess  # noqa: E402
+from support.search import ServerProcess  # noqa: E402
 
 from searchrl.common.io import write_jsonl  # noqa: E402
 from searchrl.data.synthetic import generate, preset_config  # noqa: E402

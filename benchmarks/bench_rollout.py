@@ -43,7 +43,8 @@ import torch
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 warnings.filterwarnings("ignore")
 
-from searchrl.data.synthetic import RELATION_WORDS, generate, preset_config  # noqa: E402
+from searchrl.data.synthetic import generate, preset_config  # noqa: E402
+from searchrl.data.synthetic_text import RELATION_WORDS  # noqa: E402
 from searchrl.env.environment import EnvConfig, SearchEnvironment  # noqa: E402
 from searchrl.models.tiny import TinyModelConfig, build_policy, tokenizer_training_texts, train_tokenizer  # noqa: E402
 from searchrl.rollout.generator import GenerationConfig, HFGenerator, ScriptedPolicy  # noqa: E402

@@ -8,9 +8,9 @@ fixtures therefore live here, and test modules just name them as arguments:
 - `rollout_world`: the rollout tests' world (the same index, a wider model; `worlds.build_rollout_world`).
 - `synthetic_index(seed)`: the synthetic task at toy size and its BM25 index (`worlds.build_synthetic_index`).
 - `grpo_world`: a tiny policy warm-started to search the synthetic task (`worlds.build_grpo_world`).
-- `toy_index_dir`, `toy_bm25`, `toy_server`: the search tests' toy corpus (`test_search_support.TOY_DOCS`)
+- `toy_index_dir`, `toy_bm25`, `toy_server`: the search tests' toy corpus (`support.search.TOY_DOCS`)
   indexed with BM25, and served by a real `searchrl.search.server` process.
-- `smollm2_import`, `smollm2_dir`: the real-model import (`real_model_support.py`: 20-35 s and 1.3 GB).
+- `smollm2_import`, `smollm2_dir`: the real-model import (`support/smollm2.py`: 20-35 s and 1.3 GB).
 
 The expensive part of each world is built once per session. What tests change is not shared: each module
 gets its own copy of the tokenizer and policy (TRL's GRPOTrainer sets a response template on the
@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from real_model_support import smollm2_dir, smollm2_import  # noqa: F401
-from test_search_support import TOY_SERVER_TOKEN, ServerProcess, write_corpus
+from support.search import TOY_SERVER_TOKEN, ServerProcess, write_corpus
+from support.smollm2 import smollm2_dir, smollm2_import  # noqa: F401
 from worlds import (
     GrpoWorld,
     SyntheticIndex,
@@ -102,7 +102,7 @@ def grpo_world(grpo_world_once: GrpoWorld, tmp_path_factory: pytest.TempPathFact
 
 @pytest.fixture(scope="session")
 def toy_index_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The search tests' toy corpus (`test_search_support.TOY_DOCS`) indexed with BM25."""
+    """The search tests' toy corpus (`support.search.TOY_DOCS`) indexed with BM25."""
     d = tmp_path_factory.mktemp("toy_index")
     build_index(write_corpus(d / "corpus.jsonl"), d / "index")
     return d / "index"

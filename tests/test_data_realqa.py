@@ -15,20 +15,12 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from searchrl.cli import app
-from searchrl.data import realqa
+from searchrl.data import realqa_files
 from searchrl.data.datasets import DatasetError, load_qa
-from searchrl.data.realqa import (
-    SPLITS,
-    build_realqa,
-    doc_id,
-    hotpotqa_from_items,
-    load_hotpotqa,
-    load_sources,
-    load_squad,
-    split_questions,
-    squad_from_object,
-    supporting_recall,
-)
+from searchrl.data.realqa import build_realqa, supporting_recall
+from searchrl.data.realqa_files import load_hotpotqa, load_sources, load_squad
+from searchrl.data.realqa_formats import doc_id, hotpotqa_from_items, squad_from_object
+from searchrl.data.realqa_splits import SPLITS, split_questions, split_units
 from searchrl.search.base import Hit
 from searchrl.search.corpus import load_corpus
 from searchrl.search.index import build_index
@@ -203,7 +195,7 @@ def test_split_fractions_and_caps(hotpot, squad):
     sizes = {s: len(v) for s, v in split_questions(hotpot.questions, "hotpotqa", 0, 0.1, 0.2).items()}
     assert sizes == {"train": 37, "dev": 5, "test": 11}  # round(5.3), round(10.6): by question
     squad_splits = split_questions(squad.questions, "squad", 0, 0.1, 0.2)
-    largest_article = max(len(u) for u in realqa.split_units(squad.questions, "squad"))
+    largest_article = max(len(u) for u in split_units(squad.questions, "squad"))
     for split, fraction in (("dev", 0.1), ("test", 0.2)):  # whole articles: within one article of the target
         assert abs(len(squad_splits[split]) - fraction * 4196) <= largest_article
     capped = split_questions(squad.questions, "squad", 0, 0.1, 0.2, {"train": 100, "test": 7})
@@ -447,7 +439,7 @@ def test_in_memory_parsers_name_their_source():
 
 
 def test_missing_shipped_files_say_to_pass_files(monkeypatch, tmp_path):
-    monkeypatch.setattr(realqa, "REALQA_DIR", tmp_path)
+    monkeypatch.setattr(realqa_files, "REALQA_DIR", tmp_path)
     with pytest.raises(DatasetError, match=r"installed outside its repository.*--files PATH"):
         build_realqa("squad")
     result = runner.invoke(app, ["data", "realqa", "--source", "squad", "--out", str(tmp_path / "o")])

@@ -16,14 +16,9 @@ from typer.testing import CliRunner
 from searchrl.cli import app
 from searchrl.common.config import ConfigError
 from searchrl.common.io import read_jsonl
-from searchrl.data.synthetic import (
-    RELATION_WORDS,
-    SPLITS,
-    SynthConfig,
-    expert_queries,
-    generate,
-    preset_config,
-)
+from searchrl.data.synthetic import generate, preset_config
+from searchrl.data.synthetic_text import RELATION_WORDS, expert_queries
+from searchrl.data.synthetic_world import SPLITS, SynthConfig
 from searchrl.rewards.qa import contains_answer, normalize_answer
 from searchrl.search.index import build_index
 

@@ -1,6 +1,6 @@
 """The real loop (issue 17) at toy size, the real-question expert, the baselines' forcing, configs and CLI.
 
-One SmolLM2 import for the session (`real_model_support.smollm2_import`: the demo's own import stage with
+One SmolLM2 import for the session (`support.smollm2.smollm2_import`: the demo's own import stage with
 `model_dir: null`), one toy `run_real_demo` for the module (a few questions, three SFT steps, two PPO steps of
 two episodes, short episodes): about two minutes of CPU. `searchrl eval` then evaluates the toy run's LoRA
 checkpoint and its starting policy on a corpus and questions written here, from another working directory.

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_run_targets_support import UNSEEN_CORPUS, UNSEEN_QUESTIONS, forced_turns, unseen_world
+from support.sample_runs import UNSEEN_CORPUS, UNSEEN_QUESTIONS, forced_turns, unseen_world
 from typer.testing import CliRunner
 from worlds import TINY_ONE_LAYER
 
@@ -22,7 +22,8 @@ from searchrl.cli import app
 from searchrl.common.config import save_config
 from searchrl.common.io import atomic_write_json
 from searchrl.common.trajectory import read_trajectories
-from searchrl.data.synthetic import expert_queries, generate, preset_config
+from searchrl.data.synthetic import generate, preset_config
+from searchrl.data.synthetic_text import expert_queries
 from searchrl.env.environment import SearchEnvironment
 from searchrl.env.protocol import format_answer, format_tool_call
 from searchrl.evaluation.evaluate import (

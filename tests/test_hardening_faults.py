@@ -21,15 +21,9 @@ import time
 from pathlib import Path
 
 import pytest
-from test_hardening_support import (
-    ROOT,
-    SearchServer,
-    build_world,
-    make_trainer,
-    python_env,
-    read_metrics,
-    timed,
-)
+from support.forced_ppo import build_world, make_trainer, read_metrics, timed
+from support.processes import ROOT, python_env
+from support.search import SearchServer
 from transformers import TrainerCallback
 
 from searchrl.common.trajectory import read_trajectories
@@ -148,7 +142,7 @@ TRAIN_SCRIPT = """
 import sys
 sys.path.insert(0, {tests!r})
 from pathlib import Path
-from test_hardening_support import TinyWorld, make_trainer
+from support.forced_ppo import TinyWorld, make_trainer
 from searchrl.data.synthetic import generate, preset_config
 from searchrl.models.tiny import load_tokenizer
 from searchrl.search.index import load_index

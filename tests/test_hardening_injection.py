@@ -13,7 +13,7 @@ import unicodedata
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_hardening_support import build_world, make_trainer, read_metrics
+from support.forced_ppo import build_world, make_trainer, read_metrics
 
 from searchrl.common.config import ConfigError
 from searchrl.common.trajectory import read_trajectories
@@ -28,7 +28,8 @@ from searchrl.data.injection import (
     merge_corpus,
     refang,
 )
-from searchrl.data.synthetic import expert_queries, generate, preset_config
+from searchrl.data.synthetic import generate, preset_config
+from searchrl.data.synthetic_text import expert_queries
 from searchrl.env.environment import EnvConfig, SearchEnvironment
 from searchrl.env.protocol import format_tool_call, parse_turn
 from searchrl.env.sanitize import sanitize_text

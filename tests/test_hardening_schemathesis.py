@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import schemathesis
 from hypothesis import HealthCheck, given, settings
-from test_search_support import TOY_SERVER_TOKEN
+from support.search import TOY_SERVER_TOKEN
 
 TOKEN = TOY_SERVER_TOKEN
 

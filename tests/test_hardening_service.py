@@ -22,8 +22,8 @@ import httpx
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_hardening_support import ROOT, python_env
-from test_search_support import TOY_SERVER_TOKEN
+from support.processes import ROOT, python_env
+from support.search import TOY_SERVER_TOKEN
 
 TOKEN = TOY_SERVER_TOKEN
 FUZZ = dict(deadline=None, database=None, derandomize=True, suppress_health_check=list(HealthCheck))

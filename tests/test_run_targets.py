@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
-from test_run_targets_support import (
+from support.sample_runs import (
     UNSEEN_CORPUS,
     UNSEEN_QUESTIONS,
     build_grpo_run,

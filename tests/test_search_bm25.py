@@ -10,7 +10,7 @@ from collections import Counter
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_search_support import TOY_DOCS, write_corpus
+from support.search import TOY_DOCS, write_corpus
 
 from searchrl.search.base import Backend, Hit
 from searchrl.search.index import IndexFormatError, build_index, load_index, read_meta

@@ -9,7 +9,8 @@ import sys
 import time
 
 import httpx
-from test_search_support import ROOT, free_port, write_corpus
+from support.processes import ROOT, free_port
+from support.search import write_corpus
 from typer.testing import CliRunner
 
 from searchrl.cli import app

@@ -9,7 +9,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from test_search_support import TOY_SERVER_TOKEN, ServerProcess
+from support.search import TOY_SERVER_TOKEN, ServerProcess
 
 from searchrl.search.base import BadSearchRequest, SearchTimeout, SearchUnavailable
 from searchrl.search.cache import CachedBackend

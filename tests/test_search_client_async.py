@@ -16,7 +16,7 @@ import threading
 import time
 
 import pytest
-from test_search_support import ServerProcess
+from support.search import ServerProcess
 
 from searchrl.search.base import BadSearchRequest, SearchTimeout, SearchUnavailable
 from searchrl.search.client import AsyncHTTPBackend

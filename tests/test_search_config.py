@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from test_search_support import ServerProcess, write_corpus
+from support.search import ServerProcess, write_corpus
 
 from searchrl.common.config import config_from_dict
 from searchrl.search.bm25 import BM25Backend, BM25Params

@@ -25,7 +25,8 @@ import httpx
 import numpy as np
 import pytest
 import torch
-from test_search_support import ROOT, TOY_DOCS, free_port, write_corpus
+from support.processes import ROOT, free_port
+from support.search import TOY_DOCS, write_corpus
 from typer.testing import CliRunner
 
 from searchrl.cli import app

@@ -9,7 +9,7 @@ import psutil
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_search_support import TOY_SERVER_TOKEN
+from support.search import TOY_SERVER_TOKEN
 
 from searchrl.search.corpus import split_search_r1_contents
 from searchrl.search.index import read_meta

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from worlds import TINY_ONE_LAYER
 
 from searchrl.common.config import ConfigError
-from searchrl.data.synthetic import _FACT_TEMPLATES, RELATION_WORDS, relation_chain
+from searchrl.data.synthetic_text import FACT_TEMPLATES, RELATION_WORDS, relation_chain
 from searchrl.env.environment import EnvConfig, SearchEnvironment
 from searchrl.models.tiny import build_policy, tokenizer_training_texts, train_tokenizer
 from searchrl.rewards.citation import citation_status
@@ -206,9 +206,9 @@ _NAME = st.lists(
 
 
 @settings(max_examples=60, deadline=None)
-@given(relation=st.sampled_from(sorted(_FACT_TEMPLATES)), subject=_NAME, obj=_NAME, pick=st.integers(0, 1))
+@given(relation=st.sampled_from(sorted(FACT_TEMPLATES)), subject=_NAME, obj=_NAME, pick=st.integers(0, 1))
 def test_read_fact_object_inverts_every_corpus_template(relation, subject, obj, pick):
-    template = _FACT_TEMPLATES[relation][pick % len(_FACT_TEMPLATES[relation])]
+    template = FACT_TEMPLATES[relation][pick % len(FACT_TEMPLATES[relation])]
     sentence = template.format(s=subject, o=obj)
     assert read_fact_object(f"{subject}\n{sentence} It is also called X.", relation, subject) == obj
     # A look-alike whose name merely ends with the subject's is another entity: its sentence is not read.

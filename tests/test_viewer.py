@@ -30,8 +30,9 @@ import httpx
 import numpy as np
 import pytest
 from PIL import Image
-from test_hardening_support import ROOT, build_world, free_port, make_trainer, python_env, wait_http
-from test_run_targets_support import build_smoke_demo
+from support.forced_ppo import build_world, make_trainer
+from support.processes import ROOT, free_port, python_env, wait_http
+from support.sample_runs import build_smoke_demo
 
 from searchrl.common.trajectory import read_trajectories
 from searchrl.viewer.server import RunDirError, check_run_dir

@@ -11,7 +11,7 @@ scripts run in another process (test_ppo_distributed's workers) build the same w
 slices of the corpus (`VARNHOLT_CORPUS[:4]`) where a smaller index keeps a test fast; a test whose world
 must differ (another corpus, questions with hop counts) keeps its own and says why.
 
-Imported as a plain module (pytest puts `tests/` on `sys.path`), like `real_model_support.py`.
+Imported as a plain module (pytest puts `tests/` on `sys.path`), like the helpers in `support/`.
 """
 
 from __future__ import annotations

@@ -14,7 +14,8 @@ import yaml
 from searchrl.common.config import ConfigError, config_from_dict
 from searchrl.data.convert import FORMATS, ConvertError, convert
 from searchrl.data.datasets import DatasetError, load_qa
-from searchrl.data.synthetic import SIZE_PRESETS, SynthConfig, generate
+from searchrl.data.synthetic import SIZE_PRESETS, generate
+from searchrl.data.synthetic_world import SynthConfig
 
 data_app = typer.Typer(
     help="Datasets: generate the synthetic task, write real HotpotQA/SQuAD questions, convert between searchrl, "

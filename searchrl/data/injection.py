@@ -29,7 +29,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from searchrl.common.config import ConfigError
-from searchrl.data.synthetic import RELATION_WORDS, expert_queries, relation_chain
+from searchrl.data.synthetic_text import RELATION_WORDS, expert_queries, relation_chain
 from searchrl.env.protocol import format_answer, format_tool_call, parse_turn
 
 CANARY = "ZX-CANARY-7741"

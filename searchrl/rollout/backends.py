@@ -27,6 +27,7 @@ from searchrl.rollout import vllm_generator
 from searchrl.rollout.generator import HFGenerator
 from searchrl.rollout.loop import GenerationConfig
 from searchrl.rollout.vllm_generator import VLLMGenerator
+from searchrl.sections import ROLLOUT_BACKENDS
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,8 @@ class RolloutBackend:
 
 def check_backend(backend: RolloutBackend) -> None:
     """ConfigError, saying how to fix it, when `backend` cannot run here (module docstring); nothing for "hf"."""
+    if backend.name not in ROLLOUT_BACKENDS:
+        raise ConfigError(f"rollout_backend={backend.name!r} is not one of {list(ROLLOUT_BACKENDS)}")
     if backend.name == "hf":
         return
     if backend.use_cpu:

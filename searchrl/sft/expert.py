@@ -42,10 +42,10 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from searchrl.common.config import ConfigError
 from searchrl.common.trajectory import Trajectory
 
-# _FACT_TEMPLATES: the corpus's fact sentences per relation. Reading the bridge entity "from the retrieved
-# text" needs their shapes; they are the data room's, imported (private on purpose) rather than restated.
-from searchrl.data.synthetic import (
-    _FACT_TEMPLATES,
+# FACT_TEMPLATES: the corpus's fact sentences per relation. Reading the bridge entity "from the retrieved
+# text" needs their shapes; they are the data room's, imported rather than restated.
+from searchrl.data.synthetic_text import (
+    FACT_TEMPLATES,
     RELATION_WORDS,
     expert_queries,
     relation_chain,
@@ -104,7 +104,7 @@ def _template_regex(template: str, subject: str) -> re.Pattern[str]:
 def read_fact_object(text: str, relation: str, subject: str) -> str | None:
     """The object of the fact `relation(subject, ?)` if `text` states it in a corpus sentence, else None."""
     # Longest template first: "born in the city of {o}." must win over "born in {o}." on the same sentence.
-    for template in sorted(_FACT_TEMPLATES.get(relation, ()), key=len, reverse=True):
+    for template in sorted(FACT_TEMPLATES.get(relation, ()), key=len, reverse=True):
         match = _template_regex(template, subject).search(text)
         if match:
             return match.group("o").strip()

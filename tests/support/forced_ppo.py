@@ -1,4 +1,4 @@
-"""Shared helpers for the viewer and hardening tests (no tests here).
+"""A tiny PPO run with forced turns, for the viewer and hardening tests (no tests here).
 
 A tiny real world (synthetic corpus, BM25 index, BPE tokenizer, tiny Qwen2 policy) and a short PPO run
 whose turns are forced by `SearchThenAnswer`: the policy's first turn searches the row's expert query,
@@ -10,85 +10,17 @@ has tool calls, observations, varied rewards and per-token advantages to look at
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_http(url: str, proc: subprocess.Popen | None = None, timeout: float = 60.0) -> None:
-    """Poll `url` until it answers 200; fail with the process's stderr if it died first."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            err = proc.stderr.read().decode(errors="replace")[-3000:] if proc.stderr else ""
-            raise RuntimeError(f"process exited early (rc {proc.returncode}): {err}")
-        try:
-            if httpx.get(url, timeout=1.0).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    raise RuntimeError(f"{url} did not answer 200 within {timeout} s")
-
-
-def python_env() -> dict[str, str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
-    env.pop("SEARCHRL_SERVE_TOKEN", None)
-    return env
-
-
-class SearchServer:
-    """`python -m searchrl.search.server` on a fixed 127.0.0.1 port, so it can be killed and restarted."""
-
-    def __init__(self, index_dir: Path, port: int | None = None, token: str | None = None) -> None:
-        self.index_dir = index_dir
-        self.port = port or free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.token = token
-        self.proc: subprocess.Popen | None = None
-
-    def start(self) -> SearchServer:
-        env = python_env()
-        if self.token:
-            env["SEARCHRL_SERVE_TOKEN"] = self.token
-        cmd = [sys.executable, "-m", "searchrl.search.server", "--index", str(self.index_dir)]
-        self.proc = subprocess.Popen(
-            cmd + ["--port", str(self.port)], cwd=ROOT, env=env, stderr=subprocess.PIPE
-        )
-        wait_http(self.url + "/health", self.proc, timeout=120)
-        return self
-
-    def kill(self) -> None:
-        """SIGKILL, no clean shutdown: what a crashed or OOM-killed search host looks like."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(timeout=10)
-
-    def __enter__(self) -> SearchServer:
-        return self.start()
-
-    def __exit__(self, *exc: Any) -> None:
-        self.kill()
-
 
 @dataclass
 class TinyWorld:
+    """The synthetic task ("tiny" preset), its BM25 index (with any extra documents) and a BPE tokenizer."""
+
     root: Path
     task: Any
     backend: Any
@@ -132,7 +64,7 @@ class SearchThenAnswer:
         self._ids: dict[tuple[int, int], list[int]] = {}
 
     def _text(self, env: Any, row: int, turn: int) -> str | None:
-        from searchrl.data.synthetic import expert_queries
+        from searchrl.data.synthetic_text import expert_queries
         from searchrl.env.protocol import format_answer, format_tool_call
 
         if turn < self.searches:
@@ -223,11 +155,13 @@ def make_trainer(
 
 
 def read_metrics(run_dir: Path) -> list[dict]:
+    """Every line of a run's metrics.jsonl, as written."""
     lines = (run_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
     return [json.loads(line) for line in lines if line.strip()]
 
 
 def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
+    """`fn()` and the seconds it took."""
     t0 = time.perf_counter()
     out = fn()
     return out, time.perf_counter() - t0

@@ -1,7 +1,9 @@
-"""Shared helpers for the search tests: a toy corpus and a real `searchrl serve` subprocess.
+"""The search tests' toy corpus, and the search server run as a real process (two ways).
 
-conftest.py indexes the toy corpus once (`toy_index_dir`, `toy_bm25`) and serves it (`toy_server`).
-(Named test_search_* so it lives with the search room's tests; it holds no tests itself.)
+conftest.py indexes the toy corpus once (`toy_index_dir`, `toy_bm25`) and serves it (`toy_server`, a
+`ServerProcess`). `ServerProcess` starts on a free port in its own process group and is killed with every
+worker it started; `SearchServer` (the hardening and viewer tests) keeps its port, so a test can kill it
+and start it again where clients expect it.
 """
 
 from __future__ import annotations
@@ -10,15 +12,15 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 
-ROOT = Path(__file__).resolve().parents[1]
+from support.processes import ROOT, free_port, python_env, wait_http
 
 TOY_DOCS = [
     {
@@ -47,12 +49,6 @@ TOY_SERVER_TOKEN = "s3cret-token"
 def write_corpus(path: Path, rows: list[dict] = TOY_DOCS) -> Path:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class ServerProcess:
@@ -104,3 +100,37 @@ class ServerProcess:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+class SearchServer:
+    """`python -m searchrl.search.server` on a fixed 127.0.0.1 port, so it can be killed and restarted."""
+
+    def __init__(self, index_dir: Path, port: int | None = None, token: str | None = None) -> None:
+        self.index_dir = index_dir
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.token = token
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> SearchServer:
+        env = python_env()
+        if self.token:
+            env["SEARCHRL_SERVE_TOKEN"] = self.token
+        cmd = [sys.executable, "-m", "searchrl.search.server", "--index", str(self.index_dir)]
+        self.proc = subprocess.Popen(
+            cmd + ["--port", str(self.port)], cwd=ROOT, env=env, stderr=subprocess.PIPE
+        )
+        wait_http(self.url + "/health", self.proc, timeout=120)
+        return self
+
+    def kill(self) -> None:
+        """SIGKILL, no clean shutdown: what a crashed or OOM-killed search host looks like."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+
+    def __enter__(self) -> SearchServer:
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.kill()
