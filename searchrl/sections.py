@@ -47,6 +47,7 @@ from searchrl.env.environment import EnvConfig
 from searchrl.search.base import Backend
 
 if TYPE_CHECKING:
+    from searchrl.rollout.loop import GenerationConfig
     from searchrl.search.index import SearchConfig
 
 T = TypeVar("T")
@@ -509,6 +510,31 @@ class GenerationSection(Section):
                 'rollout_backend="vllm" runs on a CUDA GPU, but use_cpu is true; set use_cpu: false, or '
                 'rollout_backend: "hf" to stay on the CPU.'
             )
+
+    def generation_config(self, temperature: float | None = None) -> GenerationConfig:
+        """The rollout engine's `GenerationConfig` of a trainer config (`PPOConfig`, `GRPORunConfig`).
+
+        The one mapping from the settings onto the engine: this section's sampling, at `temperature` when given
+        (an evaluation passes `eval_temperature`) else the training `temperature`; the environment section's
+        per-turn and per-episode token limits; the run's seed. PPO and GRPO roll out with it, and evaluations
+        and the demos measure a run's policy with it.
+        """
+        if not (isinstance(self, EnvironmentSection) and isinstance(self, RunSection)):
+            raise TypeError(
+                f"{type(self).__name__}.generation_config() needs a trainer config, which also holds the "
+                "environment's token limits and the run's seed (a PPOConfig or a GRPORunConfig)"
+            )
+        # The rollout engine loads torch: imported when a rollout is configured, not with every config.
+        from searchrl.rollout.loop import GenerationConfig
+
+        return GenerationConfig(
+            temperature=self.temperature if temperature is None else temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            max_new_tokens_per_turn=self.max_new_tokens_per_turn,
+            max_episode_tokens=self.max_episode_tokens,
+            seed=self.seed,
+        )
 
 
 @dataclass

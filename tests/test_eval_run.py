@@ -26,11 +26,9 @@ from searchrl.data.synthetic import expert_queries, generate, preset_config
 from searchrl.env.environment import SearchEnvironment
 from searchrl.env.protocol import format_answer, format_tool_call
 from searchrl.evaluation.evaluate import (
-    env_config_from_ppo,
     evaluate_during_training,
     evaluate_policy,
     evaluate_run,
-    generation_config_from_ppo,
     trajectories_path,
 )
 from searchrl.models.tiny import build_policy, tokenizer_training_texts, train_tokenizer
@@ -87,13 +85,13 @@ def test_evaluate_policy_scores_forced_expert_and_wrong_answers(world):
     ]
     tok, cfg = world["tok"], world["config"]
     policy = build_policy(tok, TINY)
-    env_cfg = env_config_from_ppo(cfg)
+    env_cfg = cfg.env_config()
     result = evaluate_policy(
         policy,
         tok,
         rows,
         lambda: SearchEnvironment(world["backend"], env_cfg, tokenizer=tok),
-        generation_config_from_ppo(cfg),
+        cfg.generation_config(),
         rubric=default_rubric(),
         batch_size=4,
         n_resamples=200,
@@ -118,12 +116,12 @@ def test_the_dev_loop_both_trainers_run_samples_each_chunk_with_its_own_seed(wor
     rows = world["task"].splits["dev"][:4]
     tok, cfg = world["tok"], world["config"]
     policy = build_policy(tok, TINY)
-    env_cfg = env_config_from_ppo(cfg)
+    env_cfg = cfg.env_config()
 
     def env():
         return SearchEnvironment(world["backend"], env_cfg, tokenizer=tok)
 
-    config = dataclasses.replace(generation_config_from_ppo(cfg), temperature=1.0, max_new_tokens_per_turn=8)
+    config = dataclasses.replace(cfg.generation_config(), temperature=1.0, max_new_tokens_per_turn=8)
     seeds = []
 
     class RecordingGenerator(HFGenerator):  # a trainer's own engine, reused chunk after chunk

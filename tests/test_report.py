@@ -197,11 +197,10 @@ def test_report_on_a_real_ppo_run_with_offline_eval_and_audit(world, tmp_path):
         num_eval_questions=3,
         progress_bar=False,
     )
-    from searchrl.evaluation.evaluate import env_config_from_ppo
     from searchrl.search.index import load_index
 
     backend = load_index(root / "index")
-    env_cfg = env_config_from_ppo(args)
+    env_cfg = args.env_config()
     trainer = PPOTrainer(
         args,
         tok,
