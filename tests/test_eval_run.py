@@ -210,12 +210,12 @@ def test_cli_eval_explains_what_is_missing(world, tmp_path):
 
 
 def test_a_recorded_env_yaml_wins_over_what_the_ppo_config_implies(world, tmp_path):
-    from searchrl.env.environment import EnvConfig
+    from searchrl.env.config import EnvConfig
     from searchrl.evaluation.evaluate import load_run_config, run_env_config
 
     cfg = load_run_config(world["run"])
     implied = run_env_config(world["run"], cfg)
-    assert (implied.max_turns, implied.max_tool_calls, implied.max_total_tokens) == (3, 3, 600)
+    assert (implied.max_turns, implied.max_tool_calls, implied.max_episode_tokens) == (3, 3, 600)
     run = tmp_path / "run"
     run.mkdir()
     save_config(EnvConfig(max_turns=2, topk=2), run / "env.yaml")
@@ -312,7 +312,7 @@ def test_a_checkpoint_on_questions_and_a_corpus_the_run_never_saw(world, tmp_pat
     assert data["data"] == str(unseen.questions) and data["n"] == len(UNSEEN_QUESTIONS)
     # The run's environment (config.yaml: 3 turns, 3 tool calls, 600 tokens), not the defaults.
     env = data["env_config"]
-    assert (env["max_turns"], env["max_tool_calls"], env["max_total_tokens"]) == (3, 3, 600)
+    assert (env["max_turns"], env["max_tool_calls"], env["max_episode_tokens"]) == (3, 3, 600)
     trajs = result.trajectories
     unseen_ids = {d["id"] for d in UNSEEN_CORPUS}
     assert [t.tool_calls[0].doc_ids[0] for t in trajs] == ["u1", "u3", "u4"]

@@ -21,7 +21,8 @@ from worlds import TINY_ONE_LAYER, VARNHOLT_CORPUS, write_corpus_jsonl
 from searchrl.cli import app
 from searchrl.common.io import append_jsonl, atomic_write_json
 from searchrl.common.trajectory import write_trajectories
-from searchrl.env.environment import EnvConfig, SearchEnvironment
+from searchrl.env.config import EnvConfig
+from searchrl.env.environment import SearchEnvironment
 from searchrl.env.protocol import format_answer, format_tool_call
 from searchrl.evaluation.evaluate import evaluate_policy, evaluate_run
 from searchrl.evaluation.report import render_trajectory, write_report

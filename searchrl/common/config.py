@@ -1,4 +1,4 @@
-"""Configs are dataclasses with a help string on every field, loadable from YAML.
+"""Configs are dataclasses with a help string on every field (`help_text`), loadable from YAML.
 
 `load_config(cls, path, overrides)` reads a YAML file into the dataclass (nested dataclasses too),
 refusing unknown keys and wrong types with a message that names the file and the field, and
@@ -23,6 +23,13 @@ T = TypeVar("T")
 
 class ConfigError(ValueError):
     """A config file or override is wrong; the message says where and how to fix it."""
+
+
+def help_text(text: str) -> dict[str, str]:
+    """A dataclass field's metadata holding its help: `field(default=..., metadata=help_text("..."))`.
+
+    The help is what `config_help` lists for `--help` texts and the docs; every config field has one."""
+    return {"help": text}
 
 
 def field_help(cls: type, name: str) -> str:

@@ -33,7 +33,8 @@ from searchrl.common.io import atomic_write_json
 from searchrl.common.run import RunReader, RunTargetError
 from searchrl.common.trajectory import TERMINATION_REASONS, Trajectory, write_trajectories
 from searchrl.data.datasets import load_qa
-from searchrl.env.environment import EnvConfig, SearchEnvironment
+from searchrl.env.config import EnvConfig
+from searchrl.env.environment import SearchEnvironment
 from searchrl.rewards.citation import citation_status
 from searchrl.rewards.combine import default_rubric, load_rubric
 from searchrl.rewards.qa import exact_match, f1_score
@@ -782,7 +783,7 @@ def default_generation_config(config: Any, env_cfg: Any) -> GenerationConfig:
     """The run's rollout limits, or (no run) 64 tokens a turn within the environment's token budget."""
     if config is not None:
         return config.generation_config()
-    return GenerationConfig(max_new_tokens_per_turn=64, max_episode_tokens=env_cfg.max_total_tokens)
+    return GenerationConfig(max_new_tokens_per_turn=64, max_episode_tokens=env_cfg.max_episode_tokens)
 
 
 def _step_of(name: str) -> int | None:

@@ -43,7 +43,8 @@ from searchrl.common.config import ConfigError
 from searchrl.common.io import atomic_write_json
 from searchrl.common.trajectory import Trajectory, write_trajectories
 from searchrl.common.trl_args import cpu_safe_trainer_kwargs, schedule_kwargs
-from searchrl.env.environment import EnvConfig, SearchEnvironment
+from searchrl.env.config import EnvConfig
+from searchrl.env.environment import SearchEnvironment
 from searchrl.env.protocol import parse_turn
 from searchrl.models.forward_patches import remove_trainer_forward_patches
 from searchrl.models.tiny import (
