@@ -27,13 +27,14 @@ too, and their stage configs are built from those parts with `with_sections_of`,
 configs share (PPO's settings onto GRPO for a side-by-side run, the demo's parts onto its PPO stage).
 
 Validation: constructing any config runs the `check` of every section class it is, each on its own fields,
-then the trainer's own `check` (`check_sections`). The episode's quantities (protocol, citation style,
+then the trainer's own `check` (`searchrl.common.config.check_sections`, with `Section` and the `require`
+helpers). The episode's quantities (protocol, citation style,
 turns, searches, top-k, deadline, token budgets) are checked by `EpisodeSettings.check`, the same check an
 `EnvConfig` runs, so the environment and every trainer refuse the same values with the same words and names.
 
 Why this module sits above `searchrl.env` and `searchrl.search` (not in `searchrl.common`): the environment
-section maps onto `EnvConfig` and the search section opens a backend; the trainers, SFT and the demos sit
-above it.
+section is the environment's `EpisodeSettings` and maps onto `EnvConfig`, and the search section opens a
+backend; the trainers, SFT and the demos sit above it.
 """
 
 from __future__ import annotations
@@ -43,7 +44,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
 
-from searchrl.common.config import ConfigError, help_text
+from searchrl.common.config import (
+    ConfigError,
+    Section,
+    help_text,
+    require,
+    require_choice,
+    require_int,
+)
 from searchrl.env.config import EnvConfig, EpisodeSettings
 from searchrl.search.base import Backend
 
@@ -64,36 +72,6 @@ LR_SCHEDULER_TYPES = (
     "constant_with_warmup",
     "inverse_sqrt",
 )
-
-
-def require(condition: bool, name: str, value: object, rule: str) -> None:
-    """Raise `ConfigError("name=value rule.")` unless `condition` holds."""
-    if not condition:
-        raise ConfigError(f"{name}={value!r} {rule}.")
-
-
-def require_choice(value: object, name: str, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        raise ConfigError(f"{name}={value!r} is not one of {list(choices)}.")
-
-
-def check_sections(cfg: Any) -> None:
-    """Run the `check` of every class `cfg` is, base classes first, each on the fields it declares.
-
-    Each section (and each trainer config) defines `check` for its own fields only; looking the method up
-    in each class's own namespace calls every one of them exactly once, however the classes are combined.
-    """
-    for klass in reversed(type(cfg).__mro__):
-        check = klass.__dict__.get("check")
-        if check is not None:
-            check(cfg)
-
-
-class Section:
-    """Base of the sections: a config checks itself when it is built (`check_sections`)."""
-
-    def __post_init__(self) -> None:
-        check_sections(self)
 
 
 @dataclass
@@ -197,15 +175,13 @@ class RunSection(Section):
             raise ConfigError(
                 f'report_to {self.report_to!r} mixes "none" with loggers; use ["none"] or drop "none".'
             )
-        _require_int(self.logging_steps >= 1, "logging_steps", self.logging_steps, ">= 1")
-        _require_int(self.num_eval_questions >= 1, "num_eval_questions", self.num_eval_questions, ">= 1")
-        _require_int(self.eval_steps >= 0, "eval_steps", self.eval_steps, ">= 0 (0: never)")
-        _require_int(self.save_steps >= 0, "save_steps", self.save_steps, ">= 0 (0: the last step only)")
+        require_int(self.logging_steps >= 1, "logging_steps", self.logging_steps, ">= 1")
+        require_int(self.num_eval_questions >= 1, "num_eval_questions", self.num_eval_questions, ">= 1")
+        require_int(self.eval_steps >= 0, "eval_steps", self.eval_steps, ">= 0 (0: never)")
+        require_int(self.save_steps >= 0, "save_steps", self.save_steps, ">= 0 (0: the last step only)")
         if self.save_total_limit is not None:
-            _require_int(
-                self.save_total_limit >= 1, "save_total_limit", self.save_total_limit, ">= 1 or null"
-            )
-        _require_int(
+            require_int(self.save_total_limit >= 1, "save_total_limit", self.save_total_limit, ">= 1 or null")
+        require_int(
             self.num_sample_generations >= 0, "num_sample_generations", self.num_sample_generations, ">= 0"
         )
         if self.best_metric is not None and not (
@@ -330,7 +306,7 @@ class SearchSection(Section):
 
 
 @dataclass
-class EnvironmentSection(EpisodeSettings, Section):
+class EnvironmentSection(EpisodeSettings):
     """The episode: the environment's own `EpisodeSettings` (declared and checked in `searchrl.env.config`),
     plus the rollout's per-turn token limit."""
 
@@ -343,7 +319,7 @@ class EnvironmentSection(EpisodeSettings, Section):
     )
 
     def check(self) -> None:
-        _require_int(
+        require_int(
             self.max_new_tokens_per_turn >= 1, "max_new_tokens_per_turn", self.max_new_tokens_per_turn
         )
         if self.max_episode_tokens < self.max_new_tokens_per_turn:
@@ -501,12 +477,12 @@ class TrainingSection(Section):
     weight_decay: float = field(default=0.0, metadata=help_text("AdamW weight decay."))
 
     def check(self) -> None:
-        _require_int(
+        require_int(
             self.per_device_train_batch_size >= 1,
             "per_device_train_batch_size",
             self.per_device_train_batch_size,
         )
-        _require_int(
+        require_int(
             self.gradient_accumulation_steps >= 1,
             "gradient_accumulation_steps",
             self.gradient_accumulation_steps,
@@ -526,15 +502,6 @@ class TrainingSection(Section):
     def episodes_per_step(self) -> int:
         """Episodes one step consumes on one process (`per_device_train_batch_size * gradient_accumulation_steps`)."""
         return self.per_device_train_batch_size * self.gradient_accumulation_steps
-
-
-def _require_int(condition: bool, name: str, value: object, rule: str = ">= 1") -> None:
-    require(
-        isinstance(value, int) and not isinstance(value, bool) and condition,
-        name,
-        value,
-        f"must be an integer {rule}",
-    )
 
 
 # Never copied by `with_sections_of`: they name the run itself.

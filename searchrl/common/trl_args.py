@@ -17,7 +17,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from searchrl.common.config import ConfigError, help_text
+from searchrl.common.config import ConfigError, Section, help_text
 
 
 def cpu_safe_trainer_kwargs(use_cpu: bool | None = None) -> dict[str, Any]:
@@ -36,7 +36,7 @@ def cpu_safe_trainer_kwargs(use_cpu: bool | None = None) -> dict[str, Any]:
 
 
 @dataclass
-class ScheduleSection:
+class ScheduleSection(Section):
     """The optimisation schedule of a supervised TRL run (the SFT warm start, the reward model)."""
 
     output_dir: str = field(
@@ -68,11 +68,8 @@ class ScheduleSection:
         ),
     )
 
-    def __post_init__(self) -> None:
-        self.check()
-
     def check(self) -> None:
-        """Refuse a schedule that cannot train; a config adds its own fields' checks after these."""
+        """Refuse a schedule that cannot train (a config's own `check` follows: `check_sections`)."""
         if self.learning_rate <= 0 or not math.isfinite(self.learning_rate):
             raise ConfigError(f"learning_rate: must be a positive number, got {self.learning_rate}")
         if self.per_device_train_batch_size < 1 or self.gradient_accumulation_steps < 1:

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from searchrl.common.config import ConfigError, help_text
+from searchrl.common.config import ConfigError, Section, help_text
 from searchrl.env.protocol import PROTOCOLS
 from searchrl.env.tools import ArgLimits
 
@@ -29,7 +29,7 @@ EXECUTABLE_TOOLS = ("search",)
 
 
 @dataclass
-class EpisodeSettings:
+class EpisodeSettings(Section):
     """What one episode is: tool protocol, prompt, citations, turn and search budgets, top-k, deadline, tokens."""
 
     protocol: Literal["chat", "search_r1"] = field(
@@ -103,7 +103,10 @@ class EpisodeSettings:
     )
 
     def check(self) -> None:
-        """Refuse an episode the environment cannot run; every message starts with the field's name."""
+        """Refuse an episode the environment cannot run; every message starts with the field's name.
+
+        Run when any config that is these settings is built (`check_sections`): an `EnvConfig`, a trainer's
+        `EnvironmentSection`."""
         if self.protocol not in PROTOCOLS:
             raise ConfigError(f"protocol: {self.protocol!r} is not one of {list(PROTOCOLS)}")
         if self.citation_style not in CITATION_STYLES:
@@ -148,12 +151,8 @@ class EnvConfig(EpisodeSettings):
         default=30.0, metadata=help_text("Seconds the open breaker refuses calls before one trial batch.")
     )
 
-    def __post_init__(self) -> None:
-        self.check()
-
     def check(self) -> None:
-        """The episode's checks, then the limits and failure handling."""
-        super().check()
+        """The limits and failure handling (`EpisodeSettings.check` checks the episode first)."""
         for name in ("max_topk", "max_query_chars"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name}: must be >= 1, got {getattr(self, name)}")

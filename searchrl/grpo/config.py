@@ -90,7 +90,7 @@ class GRPORunConfig(
     eval_batch_size: int = field(default=16, metadata=help_text("Episodes per evaluation rollout batch."))
 
     def check(self) -> None:
-        """GRPO's own fields (the sections check theirs: `searchrl.sections.check_sections`)."""
+        """GRPO's own fields (the sections check theirs: `searchrl.common.config.check_sections`)."""
         _choice(self.mode, "mode", GRPO_MODES)
         _choice(self.loss_type, "loss_type", LOSS_TYPES)
         _choice(self.scale_rewards, "scale_rewards", SCALE_REWARDS)

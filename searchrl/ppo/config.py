@@ -34,7 +34,7 @@ import math
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal, Self
 
-from searchrl.common.config import help_text
+from searchrl.common.config import help_text, require, require_choice
 from searchrl.sections import (
     DataSection,
     EnvironmentSection,
@@ -43,8 +43,6 @@ from searchrl.sections import (
     RunSection,
     SearchSection,
     TrainingSection,
-    require,
-    require_choice,
 )
 
 # The per-token estimators `ppo.kl.kl_penalty` computes; named here so that reading a config imports no torch.
@@ -264,7 +262,7 @@ class PPOSection(RunSection, TrainingSection):
     )
 
     def check(self) -> None:
-        """PPO's own fields; the sections check theirs (`searchrl.sections.check_sections`)."""
+        """PPO's own fields; the sections check theirs (`searchrl.common.config.check_sections`)."""
         self._check_choices()
         self._check_ppo_ranges()
         self._check_optimisation()
@@ -431,5 +429,5 @@ class PPOSection(RunSection, TrainingSection):
 class PPOConfig(PPOSection, GenerationSection, EnvironmentSection, SearchSection, DataSection, ModelSection):
     """All settings of `searchrl train`, flat as in TRL: the shared sections plus `PPOSection`.
 
-    Constructing it checks every section's fields, then PPO's own (`searchrl.sections.check_sections`).
+    Constructing it checks every section's fields, then PPO's own (`searchrl.common.config.check_sections`).
     """

@@ -330,7 +330,7 @@ class RewardModelConfig(ScheduleSection):
     )
 
     def check(self) -> None:
-        super().check()
+        """Its own fields (the schedule's are checked first: `check_sections`)."""
         if not 0.0 <= self.eval_fraction < 1.0:
             raise ConfigError(f"eval_fraction: must be in [0, 1), got {self.eval_fraction}")
         if self.per_device_eval_batch_size < 1:

@@ -124,7 +124,7 @@ class SFTWarmStartConfig(ScheduleSection):
     )
 
     def check(self) -> None:
-        super().check()
+        """Its own fields (the schedule's are checked first: `check_sections`)."""
         if self.max_length < 8:
             raise ConfigError(f"max_length: must be >= 8 tokens, got {self.max_length}")
         if not 0.0 < self.decay_ratio <= 1.0:
