@@ -33,7 +33,8 @@ from searchrl.common.io import append_jsonl, atomic_write_json
 from searchrl.common.trajectory import write_trajectories
 from searchrl.data.synthetic import generate, preset_config
 from searchrl.data.synthetic_text import expert_queries
-from searchrl.env.environment import EnvConfig, SearchEnvironment
+from searchrl.env.config import EnvConfig
+from searchrl.env.environment import SearchEnvironment
 from searchrl.env.protocol import format_answer, format_tool_call
 from searchrl.evaluation.audit import audit_run
 from searchrl.evaluation.evaluate import evaluate_policy

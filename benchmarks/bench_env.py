@@ -13,7 +13,8 @@ import statistics
 import time
 from pathlib import Path
 
-from searchrl.env.environment import EnvConfig, SearchEnvironment, step_batch
+from searchrl.env.config import EnvConfig
+from searchrl.env.environment import SearchEnvironment, step_batch
 from searchrl.env.protocol import format_tool_call, parse_turn
 from searchrl.env.sanitize import sanitize_text
 from searchrl.search.base import Hit
@@ -57,7 +58,7 @@ def main() -> None:
 
     backend = InstantBackend()
     envs = [
-        SearchEnvironment(backend, EnvConfig(max_turns=10**6, max_tool_calls=10**6, max_total_tokens=10**9))
+        SearchEnvironment(backend, EnvConfig(max_turns=10**6, max_tool_calls=10**6, max_episode_tokens=10**9))
         for _ in range(args.rows)
     ]
     for i, env in enumerate(envs):
@@ -70,7 +71,7 @@ def main() -> None:
         step_times.append(time.perf_counter() - started)
     calls_per_step = backend.calls / 50
 
-    hung = SearchEnvironment(InstantBackend(delay_s=2.0), EnvConfig(tool_timeout_s=0.25))
+    hung = SearchEnvironment(InstantBackend(delay_s=2.0), EnvConfig(search_timeout_s=0.25))
     hung.reset({"question": "q"})
     started = time.perf_counter()
     hung.step(turn)

@@ -43,7 +43,8 @@ from searchrl.data.injection import (  # noqa: E402
     merge_corpus,
 )
 from searchrl.data.synthetic import generate, preset_config  # noqa: E402
-from searchrl.env.environment import EnvConfig, SearchEnvironment  # noqa: E402
+from searchrl.env.config import EnvConfig  # noqa: E402
+from searchrl.env.environment import SearchEnvironment  # noqa: E402
 from searchrl.models.tiny import TinyModelConfig, build_policy, tokenizer_training_texts, train_tokenizer  # noqa: E402
 from searchrl.rewards.qa import exact_match  # noqa: E402
 from searchrl.rollout.generator import GenerationConfig, HFGenerator  # noqa: E402
@@ -52,7 +53,7 @@ from searchrl.search.index import build_index  # noqa: E402
 from searchrl.sft.expert import ExpertPolicy  # noqa: E402
 
 GEN = GenerationConfig(temperature=1.0, max_new_tokens_per_turn=160, max_episode_tokens=1500, seed=0)
-ENV = EnvConfig(max_turns=4, max_tool_calls=3, max_observation_tokens=256, max_total_tokens=1400)
+ENV = EnvConfig(max_turns=4, max_tool_calls=3, max_observation_tokens=256, max_episode_tokens=1400)
 
 
 def rollout(policy: str, model, tok, backend, rows: list[dict], batch: int) -> list:

@@ -34,7 +34,8 @@ sys.path.insert(0, str(ROOT))
 
 from searchrl.common.io import write_jsonl  # noqa: E402
 from searchrl.data.synthetic import generate, preset_config  # noqa: E402
-from searchrl.env.environment import EnvConfig, SearchEnvironment  # noqa: E402
+from searchrl.env.config import EnvConfig  # noqa: E402
+from searchrl.env.environment import SearchEnvironment  # noqa: E402
 from searchrl.models.tiny import (  # noqa: E402
     TinyModelConfig,
     build_policy,
@@ -113,7 +114,7 @@ def main() -> None:
         save_trajectories=False,
         use_cpu=True,
     )
-    env_cfg = EnvConfig(max_turns=3, max_tool_calls=2, max_total_tokens=512, max_observation_tokens=128)
+    env_cfg = EnvConfig(max_turns=3, max_tool_calls=2, max_episode_tokens=512, max_observation_tokens=128)
     trainer = PPOTrainer(
         cfg,
         tok,

@@ -45,7 +45,8 @@ warnings.filterwarnings("ignore")
 
 from searchrl.data.synthetic import generate, preset_config  # noqa: E402
 from searchrl.data.synthetic_text import RELATION_WORDS  # noqa: E402
-from searchrl.env.environment import EnvConfig, SearchEnvironment  # noqa: E402
+from searchrl.env.config import EnvConfig  # noqa: E402
+from searchrl.env.environment import SearchEnvironment  # noqa: E402
 from searchrl.models.tiny import TinyModelConfig, build_policy, tokenizer_training_texts, train_tokenizer  # noqa: E402
 from searchrl.rollout.generator import GenerationConfig, HFGenerator, ScriptedPolicy  # noqa: E402
 from searchrl.search.index import build_index  # noqa: E402
@@ -92,7 +93,7 @@ def build_world(n_questions: int, seed: int) -> dict[str, Any]:
 
 
 def env_config() -> EnvConfig:
-    return EnvConfig(max_turns=5, max_tool_calls=4, max_total_tokens=4096, max_observation_tokens=256)
+    return EnvConfig(max_turns=5, max_tool_calls=4, max_episode_tokens=4096, max_observation_tokens=256)
 
 
 def run_ours(

@@ -45,7 +45,7 @@ from searchrl.common.io import write_jsonl  # noqa: E402
 from searchrl.data.synthetic import generate, preset_config  # noqa: E402
 from searchrl.env.environment import SearchEnvironment  # noqa: E402
 from searchrl.grpo.config import GRPORunConfig  # noqa: E402
-from searchrl.grpo.trainer import build_grpo_trainer, env_config_for  # noqa: E402
+from searchrl.grpo.trainer import build_grpo_trainer  # noqa: E402
 from searchrl.models.tiny import (  # noqa: E402
     TinyModelConfig,
     build_policy,
@@ -85,7 +85,7 @@ def build_world(work: Path, args: argparse.Namespace) -> dict[str, Any]:
     backend = build_index(work / "corpus.jsonl", work / "index", overwrite=True)
     rows = [r for r in task.splits["train"] if r["hops"] == 1][: args.questions]
     cfg = grpo_config(work, "our_rollout", args)
-    env_config = env_config_for(cfg)
+    env_config = cfg.env_config()
     if args.policy:
         tokenizer = load_tokenizer(args.policy)
         policy_dir = Path(args.policy)

@@ -54,7 +54,8 @@ warnings.filterwarnings("ignore")
 
 from searchrl.common.io import read_jsonl, write_jsonl  # noqa: E402
 from searchrl.data.synthetic import generate, preset_config  # noqa: E402
-from searchrl.env.environment import EnvConfig, SearchEnvironment  # noqa: E402
+from searchrl.env.config import EnvConfig  # noqa: E402
+from searchrl.env.environment import SearchEnvironment  # noqa: E402
 from searchrl.models.tiny import (  # noqa: E402
     TinyModelConfig,
     build_policy,
@@ -82,7 +83,7 @@ def env_config(args: argparse.Namespace) -> EnvConfig:
     return EnvConfig(
         max_turns=args.max_turns,
         max_tool_calls=args.max_turns - 1,
-        max_total_tokens=args.max_episode_tokens,
+        max_episode_tokens=args.max_episode_tokens,
         max_observation_tokens=96,
         topk=2,
         tool_schema_in_prompt=False,

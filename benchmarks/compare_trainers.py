@@ -60,7 +60,6 @@ from _experiment_common import (  # noqa: E402
 
 from searchrl.common.io import atomic_write_json  # noqa: E402
 from searchrl.evaluation.compare import TrainerCurve, read_trainer_curve  # noqa: E402
-from searchrl.evaluation.evaluate import generation_config_from_ppo  # noqa: E402
 from searchrl.evaluation.report import write_report  # noqa: E402
 from searchrl.ppo.config import PPOConfig  # noqa: E402
 
@@ -291,7 +290,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             "test_questions": len(run.test_rows),
             "train_questions": len(run.train_rows),
             "env": dataclasses.asdict(args.env_config()),
-            "generation": dataclasses.asdict(generation_config_from_ppo(args)),
+            "generation": dataclasses.asdict(args.generation_config()),
             "ppo_collapse_guard": args.collapse_guard,
         },
         "how": "each trainer from RUN/sft/policy in turn on this machine; dev EM from RUN/eval/step-N.json "

@@ -8,10 +8,13 @@ What: seven dataclasses, one per concern.
 - `DataSection`: the training and dev questions;
 - `SearchSection`: where the search engine is (a local index, built from a corpus when missing, or a server);
 - `EnvironmentSection`: the episode (protocol, prompt, citations, turns, searches, top-k, deadline, token
-  budgets), mapped onto the environment's `EnvConfig` by `env_config()`, its one mapping;
+  budgets). It *is* the environment's `searchrl.env.config.EpisodeSettings`, where those fields are declared
+  and checked, plus the rollout's per-turn token limit; `env_config()` copies them, same names, onto the
+  `EnvConfig` the environment runs with;
 - `GenerationSection`: sampling (training and evaluation temperatures, nucleus and top-k) and the rollout
   engine (`rollout_backend`: HF or vLLM, and vLLM's memory share and prefix caching), which PPO and GRPO's
-  `our_rollout` build with `searchrl.rollout.backends.make_generator`;
+  `our_rollout` build with `searchrl.rollout.backends.make_generator`; `generation_config()` is the one
+  mapping of a trainer config onto the engine's `GenerationConfig`;
 - `TrainingSection`: the batch, the episode budget and the optimiser.
 
 `topk` and `search_timeout_s` are environment settings, not search ones: the environment applies them (its
@@ -24,29 +27,36 @@ too, and their stage configs are built from those parts with `with_sections_of`,
 configs share (PPO's settings onto GRPO for a side-by-side run, the demo's parts onto its PPO stage).
 
 Validation: constructing any config runs the `check` of every section class it is, each on its own fields,
-then the trainer's own `check` (`check_sections`). The environment's quantities (protocol, citation style,
-turns, searches, top-k, deadline, observation tokens) are checked by `EnvConfig` itself:
-`EnvironmentSection.check` builds the `EnvConfig` it maps to, so the environment and every trainer refuse the
-same values with the same words.
+then the trainer's own `check` (`searchrl.common.config.check_sections`, with `Section` and the `require`
+helpers). The episode's quantities (protocol, citation style,
+turns, searches, top-k, deadline, token budgets) are checked by `EpisodeSettings.check`, the same check an
+`EnvConfig` runs, so the environment and every trainer refuse the same values with the same words and names.
 
 Why this module sits above `searchrl.env` and `searchrl.search` (not in `searchrl.common`): the environment
-section maps onto `EnvConfig` and the search section opens a backend; the trainers, SFT and the demos sit
-above it.
+section is the environment's `EpisodeSettings` and maps onto `EnvConfig`, and the search section opens a
+backend; the trainers, SFT and the demos sit above it.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
 
-from searchrl.common.config import ConfigError
-from searchrl.env.environment import EnvConfig
+from searchrl.common.config import (
+    ConfigError,
+    Section,
+    help_text,
+    require,
+    require_choice,
+    require_int,
+)
+from searchrl.env.config import EnvConfig, EpisodeSettings
 from searchrl.search.base import Backend
 
 if TYPE_CHECKING:
+    from searchrl.rollout.loop import GenerationConfig
     from searchrl.search.index import SearchConfig
 
 T = TypeVar("T")
@@ -62,43 +72,6 @@ LR_SCHEDULER_TYPES = (
     "constant_with_warmup",
     "inverse_sqrt",
 )
-# EnvironmentSection's names for the two EnvConfig fields named otherwise (EnvConfig's names are the
-# environment's own API; ours are the trainers').
-ENV_CONFIG_NAMES = {"max_episode_tokens": "max_total_tokens", "search_timeout_s": "tool_timeout_s"}
-
-
-def _help(text: str) -> dict[str, str]:
-    return {"help": text}
-
-
-def require(condition: bool, name: str, value: object, rule: str) -> None:
-    """Raise `ConfigError("name=value rule.")` unless `condition` holds."""
-    if not condition:
-        raise ConfigError(f"{name}={value!r} {rule}.")
-
-
-def require_choice(value: object, name: str, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        raise ConfigError(f"{name}={value!r} is not one of {list(choices)}.")
-
-
-def check_sections(cfg: Any) -> None:
-    """Run the `check` of every class `cfg` is, base classes first, each on the fields it declares.
-
-    Each section (and each trainer config) defines `check` for its own fields only; looking the method up
-    in each class's own namespace calls every one of them exactly once, however the classes are combined.
-    """
-    for klass in reversed(type(cfg).__mro__):
-        check = klass.__dict__.get("check")
-        if check is not None:
-            check(cfg)
-
-
-class Section:
-    """Base of the sections: a config checks itself when it is built (`check_sections`)."""
-
-    def __post_init__(self) -> None:
-        check_sections(self)
 
 
 @dataclass
@@ -110,74 +83,74 @@ class RunSection(Section):
 
     output_dir: str | None = field(
         default=None,
-        metadata=_help(
+        metadata=help_text(
             "The run directory (TRL's meaning): config.yaml, manifest.json, metrics.jsonl, eval/, trajectories/ "
             "and checkpoints/ go here; null: the trainer's default, runs/ppo or runs/grpo."
         ),
     )
     run_name: str | None = field(
         default=None,
-        metadata=_help(
+        metadata=help_text(
             "Name shown by the loggers of report_to (wandb, trackio, tensorboard); null: the output_dir's name."
         ),
     )
     seed: int = field(
         default=42,
-        metadata=_help(
+        metadata=help_text(
             "Random seed of the model init, the data order and the rollouts (PPO: process i uses seed + i * "
             "100003 so ranks sample different rollouts)."
         ),
     )
     report_to: list[str] = field(
         default_factory=lambda: ["none"],
-        metadata=_help(
+        metadata=help_text(
             'Extra loggers through transformers callbacks, e.g. ["tensorboard"], ["wandb"] or ["trackio"]; '
             '["none"] for none. metrics.jsonl is always written.'
         ),
     )
     use_cpu: bool = field(
         default=False,
-        metadata=_help("Train on the CPU even when a GPU is available (TrainingArguments' name)."),
+        metadata=help_text("Train on the CPU even when a GPU is available (TrainingArguments' name)."),
     )
     logging_steps: int = field(
         default=1,
-        metadata=_help(
+        metadata=help_text(
             "Write a metrics.jsonl line (and call the loggers) every this many steps; PPO always writes a step "
             "that evaluated, rolled back or ended the run."
         ),
     )
     eval_steps: int = field(
         default=50,
-        metadata=_help(
+        metadata=help_text(
             "Evaluate on the dev questions every this many steps (RUN/eval/step-N.json; GRPO also at the last "
             "step); 0: never."
         ),
     )
     eval_on_start: bool = field(
         default=False,
-        metadata=_help(
+        metadata=help_text(
             "Also evaluate the starting policy before the first update (RUN/eval/step-0.json and a step-0 "
             "metrics line; transformers' name). Off by default as in TRL, on in the shipped configs."
         ),
     )
-    num_eval_questions: int = field(default=64, metadata=_help("Dev questions per evaluation."))
+    num_eval_questions: int = field(default=64, metadata=help_text("Dev questions per evaluation."))
     save_steps: int = field(
         default=50,
-        metadata=_help("Write RUN/checkpoints/step-N every this many steps; 0: only the last step's."),
+        metadata=help_text("Write RUN/checkpoints/step-N every this many steps; 0: only the last step's."),
     )
     save_trajectories: bool = field(
         default=True,
-        metadata=_help("Write every step's trajectories to RUN/trajectories/step-N.jsonl.gz."),
+        metadata=help_text("Write every step's trajectories to RUN/trajectories/step-N.jsonl.gz."),
     )
     save_total_limit: int | None = field(
         default=None,
-        metadata=_help(
+        metadata=help_text(
             "Keep only this many most recent checkpoints (never the best or a rollback target); null: all."
         ),
     )
     best_metric: str | None = field(
         default="eval/reward",
-        metadata=_help(
+        metadata=help_text(
             "Keep the checkpoint of the dev evaluation with the highest value of this metric (eval/reward, "
             "eval/exact_match, eval/f1, ...): it is written when it is reached, never pruned, named in "
             "RUN/best_checkpoint.json and evaluated with `searchrl eval --checkpoint best`; null: off."
@@ -185,11 +158,11 @@ class RunSection(Section):
     )
     num_sample_generations: int = field(
         default=10,
-        metadata=_help(
+        metadata=help_text(
             "How many times over the run to write a few sampled episodes as text to RUN/samples.jsonl; 0: never."
         ),
     )
-    progress_bar: bool = field(default=True, metadata=_help("Show a progress bar while training."))
+    progress_bar: bool = field(default=True, metadata=help_text("Show a progress bar while training."))
 
     def check(self) -> None:
         if self.output_dir is None:
@@ -202,15 +175,13 @@ class RunSection(Section):
             raise ConfigError(
                 f'report_to {self.report_to!r} mixes "none" with loggers; use ["none"] or drop "none".'
             )
-        _require_int(self.logging_steps >= 1, "logging_steps", self.logging_steps, ">= 1")
-        _require_int(self.num_eval_questions >= 1, "num_eval_questions", self.num_eval_questions, ">= 1")
-        _require_int(self.eval_steps >= 0, "eval_steps", self.eval_steps, ">= 0 (0: never)")
-        _require_int(self.save_steps >= 0, "save_steps", self.save_steps, ">= 0 (0: the last step only)")
+        require_int(self.logging_steps >= 1, "logging_steps", self.logging_steps, ">= 1")
+        require_int(self.num_eval_questions >= 1, "num_eval_questions", self.num_eval_questions, ">= 1")
+        require_int(self.eval_steps >= 0, "eval_steps", self.eval_steps, ">= 0 (0: never)")
+        require_int(self.save_steps >= 0, "save_steps", self.save_steps, ">= 0 (0: the last step only)")
         if self.save_total_limit is not None:
-            _require_int(
-                self.save_total_limit >= 1, "save_total_limit", self.save_total_limit, ">= 1 or null"
-            )
-        _require_int(
+            require_int(self.save_total_limit >= 1, "save_total_limit", self.save_total_limit, ">= 1 or null")
+        require_int(
             self.num_sample_generations >= 0, "num_sample_generations", self.num_sample_generations, ">= 0"
         )
         if self.best_metric is not None and not (
@@ -238,17 +209,17 @@ class ModelSection(Section):
 
     policy_model_path: str | None = field(
         default=None,
-        metadata=_help(
+        metadata=help_text(
             "Local folder of the starting policy (e.g. the SFT warm start's output). Never downloaded. PPO "
             "builds a fresh tiny model when null; GRPO needs it (TRL reloads the reference from it, beta > 0)."
         ),
     )
     tokenizer_path: str | None = field(
-        default=None, metadata=_help("Local folder of the tokenizer; null: policy_model_path.")
+        default=None, metadata=help_text("Local folder of the tokenizer; null: policy_model_path.")
     )
     reward_config_path: str | None = field(
         default=None,
-        metadata=_help(
+        metadata=help_text(
             "YAML of the reward functions and their weights (configs/rewards_default.yaml); null: the built-in "
             "default rubric."
         ),
@@ -260,11 +231,11 @@ class DataSection(Section):
     """The questions a run trains and evaluates on."""
 
     train_file: str | None = field(
-        default=None, metadata=_help("JSONL of training questions (question, golds); the train split.")
+        default=None, metadata=help_text("JSONL of training questions (question, golds); the train split.")
     )
     dev_file: str | None = field(
         default=None,
-        metadata=_help(
+        metadata=help_text(
             "JSONL of dev questions for periodic evaluation and model selection (never the test split)."
         ),
     )
@@ -276,20 +247,20 @@ class SearchSection(Section):
 
     corpus_path: str | None = field(
         default=None,
-        metadata=_help("Corpus JSONL (id, title, contents); a missing index_dir is built from it."),
+        metadata=help_text("Corpus JSONL (id, title, contents); a missing index_dir is built from it."),
     )
     index_dir: str | None = field(
-        default=None, metadata=_help("Folder of the search index built by `searchrl index`.")
+        default=None, metadata=help_text("Folder of the search index built by `searchrl index`.")
     )
     search_backend: Literal["bm25", "dense", "http"] = field(
         default="bm25",
-        metadata=_help(
+        metadata=help_text(
             'Search engine: "bm25" or "dense" (the index in index_dir, in process), "http" for a server at '
             "search_url (`searchrl serve`, or Search-R1's retrieval server)."
         ),
     )
     search_url: str | None = field(
-        default=None, metadata=_help('Base URL of the search server when search_backend is "http".')
+        default=None, metadata=help_text('Base URL of the search server when search_backend is "http".')
     )
 
     def check(self) -> None:
@@ -335,83 +306,20 @@ class SearchSection(Section):
 
 
 @dataclass
-class EnvironmentSection(Section):
-    """The episode: tool protocol, prompt, citations, turn and search budgets, top-k, deadline, token budgets."""
+class EnvironmentSection(EpisodeSettings):
+    """The episode: the environment's own `EpisodeSettings` (declared and checked in `searchrl.env.config`),
+    plus the rollout's per-turn token limit."""
 
-    protocol: Literal["chat", "search_r1"] = field(
-        default="chat",
-        metadata=_help(
-            "Tool-call protocol: 'chat' (<tool_call> JSON, tool messages) or Search-R1's tags ('search_r1'; "
-            "GRPO: our_rollout only, TRL's tool loop parses the chat protocol)."
-        ),
-    )
-    tool_schema_in_prompt: bool = field(
-        default=True,
-        metadata=_help(
-            "Render the tool JSON schema into the prompt (chat protocol); false keeps prompts short for tiny "
-            "models (one example call in the system prompt instead)."
-        ),
-    )
-    citation_style: Literal["doc_id", "number"] = field(
-        default="doc_id",
-        metadata=_help(
-            "How the environment labels documents and the policy cites them: 'doc_id' ([d000042]) or 'number' "
-            "([1], [2], ... in the order the episode shows them, mapped back to document ids for rewards)."
-        ),
-    )
-    system_prompt: str | None = field(
-        default=None,
-        metadata=_help(
-            "System prompt of every episode (training, evaluation, demonstrations); null: the environment's "
-            "default for the protocol."
-        ),
-    )
-    max_turns: int = field(
-        default=4,
-        metadata=_help(
-            "Most assistant turns per episode; the last one must answer (GRPO trl_loop: "
-            "max_tool_calling_iterations = this - 1)."
-        ),
-    )
-    max_tool_calls: int = field(
-        default=4,
-        metadata=_help(
-            "Most searches per episode; further calls get an over-budget observation (0 = no search: a "
-            "closed-book episode in the same protocol)."
-        ),
-    )
-    topk: int = field(
-        default=3,
-        metadata=_help("Documents returned per search when a call gives no k (Search-R1 uses 3)."),
-    )
-    search_timeout_s: float = field(
-        default=5.0,
-        metadata=_help(
-            "Deadline of one batched search in seconds, enforced even if the backend hangs; a late search "
-            "becomes an error observation."
-        ),
-    )
     max_new_tokens_per_turn: int = field(
         default=64,
-        metadata=_help(
+        metadata=help_text(
             "Most tokens the policy may sample in one turn (TRL's response_length; GRPO trl_loop bounds a turn "
             "by max_episode_tokens only)."
         ),
     )
-    max_episode_tokens: int = field(
-        default=1024,
-        metadata=_help(
-            "Most tokens after the prompt in one episode, actions and observations (EnvConfig's "
-            "max_total_tokens; TRL GRPO's max_completion_length)."
-        ),
-    )
-    max_observation_tokens: int = field(
-        default=256,
-        metadata=_help("Tokens per tool result (at least 16); a longer one is cut with '[... truncated]'."),
-    )
 
     def check(self) -> None:
-        _require_int(
+        require_int(
             self.max_new_tokens_per_turn >= 1, "max_new_tokens_per_turn", self.max_new_tokens_per_turn
         )
         if self.max_episode_tokens < self.max_new_tokens_per_turn:
@@ -419,27 +327,15 @@ class EnvironmentSection(Section):
                 f"max_episode_tokens ({self.max_episode_tokens}) is smaller than max_new_tokens_per_turn "
                 f"({self.max_new_tokens_per_turn}); raise max_episode_tokens or lower the per-turn limit."
             )
-        self.env_config()  # EnvConfig checks the rest, with the words the environment uses
+        self.env_config()  # the environment's own limits on these values (a top-k within its max_topk)
 
     def env_config(self) -> EnvConfig:
         """The `EnvConfig` of these settings: training, evaluation and demonstrations build this environment.
 
-        The one mapping from the trainers' names onto the environment's; the environment's other settings
-        (retries, circuit breaker, argument limits) keep `EnvConfig`'s defaults.
+        Its episode settings are this section's, field for field (one declaration, one name); the
+        environment's other settings (argument limits, retries, circuit breaker) keep `EnvConfig`'s defaults.
         """
-        env_fields = {f.name for f in dataclasses.fields(EnvConfig)}
-        values = {
-            ENV_CONFIG_NAMES.get(f.name, f.name): getattr(self, f.name)
-            for f in dataclasses.fields(EnvironmentSection)
-            if ENV_CONFIG_NAMES.get(f.name, f.name) in env_fields
-        }
-        try:
-            return EnvConfig(**values)
-        except ConfigError as e:  # say it with this section's names
-            message = str(e)
-            for ours, theirs in ENV_CONFIG_NAMES.items():
-                message = re.sub(rf"\b{theirs}\b", ours, message)
-            raise ConfigError(message) from None
+        return EnvConfig(**{f.name: getattr(self, f.name) for f in dataclasses.fields(EpisodeSettings)})
 
 
 @dataclass
@@ -448,7 +344,7 @@ class GenerationSection(Section):
 
     temperature: float = field(
         default=0.7,
-        metadata=_help(
+        metadata=help_text(
             "Sampling temperature of training rollouts; PPO computes logprobs (policy and reference) at the same "
             "temperature. 0.7 is TRL 1.12's PPOConfig default; TRL's GRPOConfig and Search-R1 use 1.0, as the "
             "shipped GRPO and demo configs do."
@@ -456,18 +352,20 @@ class GenerationSection(Section):
     )
     eval_temperature: float = field(
         default=0.01,
-        metadata=_help("Sampling temperature of evaluations: near-greedy by default; 0 = greedy."),
+        metadata=help_text("Sampling temperature of evaluations: near-greedy by default; 0 = greedy."),
     )
     top_p: float = field(
         default=1.0,
-        metadata=_help("Nucleus sampling; keep 1.0: truncated sampling makes the k1 KL penalty exploitable."),
+        metadata=help_text(
+            "Nucleus sampling; keep 1.0: truncated sampling makes the k1 KL penalty exploitable."
+        ),
     )
     top_k: int = field(
-        default=0, metadata=_help("Top-k sampling; 0 disables it (recommended, as for top_p).")
+        default=0, metadata=help_text("Top-k sampling; 0 disables it (recommended, as for top_p).")
     )
     rollout_backend: Literal["hf", "vllm"] = field(
         default="hf",
-        metadata=_help(
+        metadata=help_text(
             'Rollout engine: "hf" (searchrl.rollout.HFGenerator, CPU or GPU) or "vllm" '
             "(searchrl.rollout.vllm_generator.VLLMGenerator: needs the vllm package and a CUDA GPU; same "
             "trajectories, the policy's weights pushed to vLLM after every optimizer step). PPO and GRPO's "
@@ -476,14 +374,14 @@ class GenerationSection(Section):
     )
     vllm_gpu_memory_utilization: float = field(
         default=0.3,
-        metadata=_help(
+        metadata=help_text(
             'rollout_backend "vllm": share of the GPU memory vLLM may take (weights and KV cache), in (0, 1]; '
             "training shares the same GPU, so keep room for the policy, critic, reference and optimizer."
         ),
     )
     vllm_enable_prefix_caching: bool = field(
         default=True,
-        metadata=_help(
+        metadata=help_text(
             'rollout_backend "vllm": reuse cached KV blocks of the growing history, so each turn (which '
             "re-submits prompt + history) does not prefill it again. Turn off only to measure its effect."
         ),
@@ -510,6 +408,31 @@ class GenerationSection(Section):
                 'rollout_backend: "hf" to stay on the CPU.'
             )
 
+    def generation_config(self, temperature: float | None = None) -> GenerationConfig:
+        """The rollout engine's `GenerationConfig` of a trainer config (`PPOConfig`, `GRPORunConfig`).
+
+        The one mapping from the settings onto the engine: this section's sampling, at `temperature` when given
+        (an evaluation passes `eval_temperature`) else the training `temperature`; the environment section's
+        per-turn and per-episode token limits; the run's seed. PPO and GRPO roll out with it, and evaluations
+        and the demos measure a run's policy with it.
+        """
+        if not (isinstance(self, EnvironmentSection) and isinstance(self, RunSection)):
+            raise TypeError(
+                f"{type(self).__name__}.generation_config() needs a trainer config, which also holds the "
+                "environment's token limits and the run's seed (a PPOConfig or a GRPORunConfig)"
+            )
+        # The rollout engine loads torch: imported when a rollout is configured, not with every config.
+        from searchrl.rollout.loop import GenerationConfig
+
+        return GenerationConfig(
+            temperature=self.temperature if temperature is None else temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            max_new_tokens_per_turn=self.max_new_tokens_per_turn,
+            max_episode_tokens=self.max_episode_tokens,
+            seed=self.seed,
+        )
+
 
 @dataclass
 class TrainingSection(Section):
@@ -517,24 +440,24 @@ class TrainingSection(Section):
 
     per_device_train_batch_size: int = field(
         default=8,
-        metadata=_help(
+        metadata=help_text(
             "Episodes per micro-batch on each process (one forward/backward; GRPO: includes the group's repeats)."
         ),
     )
     gradient_accumulation_steps: int = field(
         default=1,
-        metadata=_help(
+        metadata=help_text(
             "Micro-batches per process per rollout batch: per_device_train_batch_size * this episodes per step."
         ),
     )
     total_episodes: int | None = field(
         default=None,
-        metadata=_help(
+        metadata=help_text(
             "Episodes to train on in total (sets the number of steps); null: PPO makes num_train_epochs passes "
             "over the training questions, GRPO takes max_steps steps."
         ),
     )
-    learning_rate: float = field(default=3e-6, metadata=_help("AdamW learning rate of the policy."))
+    learning_rate: float = field(default=3e-6, metadata=help_text("AdamW learning rate of the policy."))
     lr_scheduler_type: Literal[
         "linear",
         "cosine",
@@ -543,21 +466,23 @@ class TrainingSection(Section):
         "constant",
         "constant_with_warmup",
         "inverse_sqrt",
-    ] = field(default="linear", metadata=_help("Learning-rate schedule (transformers.get_scheduler names)."))
-    warmup_steps: int = field(default=0, metadata=_help("Optimizer steps of linear warm-up."))
+    ] = field(
+        default="linear", metadata=help_text("Learning-rate schedule (transformers.get_scheduler names).")
+    )
+    warmup_steps: int = field(default=0, metadata=help_text("Optimizer steps of linear warm-up."))
     max_grad_norm: float | None = field(
         default=1.0,
-        metadata=_help("Clip the global gradient norm to this before each optimizer step; null: off."),
+        metadata=help_text("Clip the global gradient norm to this before each optimizer step; null: off."),
     )
-    weight_decay: float = field(default=0.0, metadata=_help("AdamW weight decay."))
+    weight_decay: float = field(default=0.0, metadata=help_text("AdamW weight decay."))
 
     def check(self) -> None:
-        _require_int(
+        require_int(
             self.per_device_train_batch_size >= 1,
             "per_device_train_batch_size",
             self.per_device_train_batch_size,
         )
-        _require_int(
+        require_int(
             self.gradient_accumulation_steps >= 1,
             "gradient_accumulation_steps",
             self.gradient_accumulation_steps,
@@ -577,15 +502,6 @@ class TrainingSection(Section):
     def episodes_per_step(self) -> int:
         """Episodes one step consumes on one process (`per_device_train_batch_size * gradient_accumulation_steps`)."""
         return self.per_device_train_batch_size * self.gradient_accumulation_steps
-
-
-def _require_int(condition: bool, name: str, value: object, rule: str = ">= 1") -> None:
-    require(
-        isinstance(value, int) and not isinstance(value, bool) and condition,
-        name,
-        value,
-        f"must be an integer {rule}",
-    )
 
 
 # Never copied by `with_sections_of`: they name the run itself.

@@ -196,7 +196,7 @@ SMOKE_CHANGES = {
 def test_the_demo_stages_keep_their_settings(which: str) -> None:
     """The PPO stage, the environment of every stage, the expert and SFT: the values the demo always had."""
     from searchrl.demo.pipeline import DemoConfig, smoke_config
-    from searchrl.env.environment import EnvConfig
+    from searchrl.env.config import EnvConfig
 
     cfg = DemoConfig() if which == "demo" else smoke_config()
     expected = DEMO_PPO_STAGE if which == "demo" else {**DEMO_PPO_STAGE, **SMOKE_CHANGES}
@@ -209,10 +209,10 @@ def test_the_demo_stages_keep_their_settings(which: str) -> None:
             protocol="chat",
             max_turns=4,
             max_tool_calls=3,
-            max_total_tokens=expected["max_episode_tokens"],
+            max_episode_tokens=expected["max_episode_tokens"],
             max_observation_tokens=96,
             topk=1,
-            tool_timeout_s=5.0,
+            search_timeout_s=5.0,
             system_prompt="Answer the question; search with tool calls.",
             tool_schema_in_prompt=False,
             citation_style="number",

@@ -35,7 +35,8 @@ from searchrl.demo.real import (
     run_real_demo,
     toy_real_config,
 )
-from searchrl.env.environment import EnvConfig, SearchEnvironment
+from searchrl.env.config import EnvConfig
+from searchrl.env.environment import SearchEnvironment
 from searchrl.env.protocol import format_search_r1_call
 from searchrl.models.tiny import load_policy, load_tokenizer
 from searchrl.ppo.config import PPOConfig
@@ -343,7 +344,7 @@ def test_real_expert_demonstrations_are_supported_and_masked(realqa, tok, protoc
         max_observation_tokens=256,
         max_turns=4,
         max_tool_calls=3,
-        max_total_tokens=1024,
+        max_episode_tokens=1024,
     )
     envs = [SearchEnvironment(realqa.backend, env_cfg, tokenizer=tok) for _ in rows]
     gen = GenerationConfig(max_new_tokens_per_turn=96, max_episode_tokens=1024)

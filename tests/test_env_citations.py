@@ -8,7 +8,8 @@ from test_env_environment import FakeBackend, call, make_env
 
 from searchrl.common.config import ConfigError
 from searchrl.common.trajectory import Trajectory
-from searchrl.env.environment import EnvConfig, SearchEnvironment
+from searchrl.env.config import EnvConfig
+from searchrl.env.environment import SearchEnvironment
 from searchrl.env.protocol import format_answer, format_search_r1_call
 from searchrl.rewards.citation import CitationReward, classify_citations
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from searchrl.env.environment import EnvConfig, SearchEnvironment
+from searchrl.env.config import EnvConfig
+from searchrl.env.environment import SearchEnvironment
 from searchrl.env.protocol import format_tool_call, parse_turn
 from searchrl.models.tiny import tokenizer_training_texts, train_tokenizer
 from tests.test_env_environment import FakeBackend
@@ -39,5 +40,5 @@ def test_ppo_config_env_config_carries_protocol_budgets_and_prompt_style() -> No
     )  # fmt: skip
     env = cfg.env_config()
     assert (env.protocol, env.max_turns, env.max_tool_calls, env.topk) == ("search_r1", 3, 2, 2)
-    assert (env.max_observation_tokens, env.tool_schema_in_prompt, env.tool_timeout_s) == (64, False, 1.5)
-    assert env.max_total_tokens == cfg.max_episode_tokens
+    assert (env.max_observation_tokens, env.tool_schema_in_prompt, env.search_timeout_s) == (64, False, 1.5)
+    assert env.max_episode_tokens == cfg.max_episode_tokens

@@ -13,7 +13,9 @@ from hypothesis import strategies as st
 
 from searchrl.common.config import ConfigError, load_config
 from searchrl.common.trajectory import TERMINATION_REASONS, TOOL_STATUSES
-from searchrl.env.environment import TRUNCATION_MARKER, EnvConfig, SearchEnvironment, step_batch
+from searchrl.env.config import EnvConfig
+from searchrl.env.environment import SearchEnvironment, step_batch
+from searchrl.env.observations import TRUNCATION_MARKER
 from searchrl.env.protocol import format_answer, format_search_r1_call, format_tool_call, parse_turn
 from searchrl.env.tools import SEARCH_TOOL, ToolRegistry, ToolSpec
 from searchrl.search.base import BadSearchRequest, Hit, SearchTimeout, SearchUnavailable
@@ -204,7 +206,7 @@ def test_every_rejection_kind_in_one_batch_and_the_good_row_still_searches() -> 
 def test_timeout_returns_within_the_deadline_and_other_backends_go_on() -> None:
     slow = FakeBackend(delay_s=3.0, name="slow")
     fast = FakeBackend(name="fast")
-    stuck, healthy = make_env(slow, tool_timeout_s=0.3), make_env(fast, tool_timeout_s=0.3)
+    stuck, healthy = make_env(slow, search_timeout_s=0.3), make_env(fast, search_timeout_s=0.3)
     started = time.perf_counter()
     results = step_batch([stuck, healthy], [call("Paris"), call("Danube")])
     elapsed = time.perf_counter() - started
@@ -310,7 +312,7 @@ def test_answer_wins_and_its_calls_are_not_executed() -> None:
 
 def test_observation_that_would_overflow_the_token_budget_is_refused() -> None:
     backend = FakeBackend(docs=[("d1", "Paris", "Paris " * 40)])
-    env = make_env(backend, max_total_tokens=30, max_observation_tokens=100)
+    env = make_env(backend, max_episode_tokens=30, max_observation_tokens=100)
     result = env.step(call("Paris"))
     assert result.done and result.termination == "token_budget" and result.tool_messages == []
     assert env.observations == [] and env.retrieved == {}
@@ -432,7 +434,7 @@ def test_the_budget_adds_what_the_meter_says(tokenizer) -> None:
             return 40 + len(result.tool_messages)
 
     env = SearchEnvironment(
-        FakeBackend(), EnvConfig(max_total_tokens=100), tokenizer=tokenizer, meter=Fixed()
+        FakeBackend(), EnvConfig(max_episode_tokens=100), tokenizer=tokenizer, meter=Fixed()
     )
     env.reset({"question": "q"})
     assert not env.step(call("Paris")).done and env.tokens_used == 7 + 41
@@ -457,7 +459,7 @@ def test_invariant_19_tool_budget(plan: list[list[str]], max_calls: int) -> None
     """No rollout exceeds the tool-call budget or the observation budget; calls beyond it never hit the backend."""
     backend = FakeBackend(docs=[(d, t, x * 8) for d, t, x in DOCS])
     env = make_env(
-        backend, max_tool_calls=max_calls, max_turns=6, max_observation_tokens=24, max_total_tokens=10**6
+        backend, max_tool_calls=max_calls, max_turns=6, max_observation_tokens=24, max_episode_tokens=10**6
     )
     for queries in plan:
         if env.done:
@@ -481,7 +483,7 @@ def test_invariant_20_tool_failure_handling() -> None:
     flaky = FakeBackend(failures=[SearchUnavailable("HTTP 502")])
     recovered = make_env(flaky, max_retries=2, retry_backoff_s=0.0).step(call("Paris"))
     assert recovered.records[0].status == "ok" and len(flaky.calls) == 2
-    slow = make_env(FakeBackend(delay_s=2.0, name="slow20"), tool_timeout_s=0.2)
+    slow = make_env(FakeBackend(delay_s=2.0, name="slow20"), search_timeout_s=0.2)
     assert slow.step(call("Paris")).records[0].status == "timeout"
     bad = env.step(format_tool_call("search", {"query": ["not", "a", "string"]}))
     assert bad.records[0].status == "invalid_arguments" and not bad.done
@@ -590,7 +592,7 @@ def test_real_bm25_index(tmp_path) -> None:
     corpus.write_text("".join(json.dumps({"id": d, "title": t, "contents": x}) + "\n" for d, t, x in DOCS))
     backend = build_index(corpus, tmp_path / "index", backend="bm25")
     # A generous deadline: bm25s compiles its numba scorer on the first query (seconds on a slow CPU).
-    envs = [SearchEnvironment(backend, EnvConfig(topk=2, tool_timeout_s=120)) for _ in range(3)]
+    envs = [SearchEnvironment(backend, EnvConfig(topk=2, search_timeout_s=120)) for _ in range(3)]
     for env in envs:
         env.reset({"question": "q"})
     results = step_batch(envs, [call("capital of Germany"), call("river Danube Vienna"), "no call"])
@@ -609,8 +611,8 @@ def test_config_validation_and_yaml_loading(tmp_path) -> None:
         EnvConfig(allowed_tools=["shell"])
     path = tmp_path / "env.yaml"
     path.write_text("protocol: search_r1\nmax_turns: 3\n")
-    cfg = load_config(EnvConfig, path, {"tool_timeout_s": 1.5})
-    assert (cfg.protocol, cfg.max_turns, cfg.tool_timeout_s) == ("search_r1", 3, 1.5)
+    cfg = load_config(EnvConfig, path, {"search_timeout_s": 1.5})
+    assert (cfg.protocol, cfg.max_turns, cfg.search_timeout_s) == ("search_r1", 3, 1.5)
     with pytest.raises(ConfigError, match="max_turn"):
         load_config(EnvConfig, None, {"max_turn": 3})
 
@@ -634,7 +636,7 @@ def test_fault_injecting_backend_under_many_episodes_never_crashes() -> None:
         FakeBackend(name="inner"), seed=3, timeout_rate=0.3, error_rate=0.3, latency_ms=1.0, timeout_s=0.5
     )
     envs = [
-        make_env(faulty, tool_timeout_s=0.2, max_retries=1, retry_backoff_s=0.0, breaker_reset_s=0.0)
+        make_env(faulty, search_timeout_s=0.2, max_retries=1, retry_backoff_s=0.0, breaker_reset_s=0.0)
         for _ in range(6)
     ]
     seen: set[str] = set()

@@ -11,7 +11,7 @@ import pytest
 from transformers.utils import get_json_schema
 from worlds import TINY_ONE_LAYER
 
-from searchrl.env.environment import EnvConfig
+from searchrl.env.config import EnvConfig
 from searchrl.env.trl_adapter import SearchToolEnv, make_environment_factory
 from searchrl.search.base import Hit, SearchUnavailable
 from searchrl.search.index import IndexFormatError
@@ -89,7 +89,7 @@ def test_reset_search_and_reward_of_one_episode() -> None:
 
 
 def test_adapter_keeps_our_deadline_and_failure_observations() -> None:
-    slow = make_environment_factory(TinyBackend(delay_s=2.0), EnvConfig(tool_timeout_s=0.2))()
+    slow = make_environment_factory(TinyBackend(delay_s=2.0), EnvConfig(search_timeout_s=0.2))()
     slow.reset(prompt=[{"role": "user", "content": "q"}])
     started = time.perf_counter()
     assert slow.search("Paris").startswith("Error (timeout)")
@@ -107,7 +107,7 @@ def test_factory_from_an_index_directory(tmp_path) -> None:
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text("".join(json.dumps({"id": d, "title": t, "contents": x}) + "\n" for d, t, x in DOCS))
     build_index(corpus, tmp_path / "index", backend="bm25")
-    factory = make_environment_factory(tmp_path / "index", EnvConfig(topk=1, tool_timeout_s=120))
+    factory = make_environment_factory(tmp_path / "index", EnvConfig(topk=1, search_timeout_s=120))
     env = factory()
     env.reset(prompt=[{"role": "user", "content": "q"}])
     assert env.search("capital of Germany").startswith("[1] (id: d2) Berlin")

@@ -27,11 +27,9 @@ from searchrl.data.synthetic_text import expert_queries
 from searchrl.env.environment import SearchEnvironment
 from searchrl.env.protocol import format_answer, format_tool_call
 from searchrl.evaluation.evaluate import (
-    env_config_from_ppo,
     evaluate_during_training,
     evaluate_policy,
     evaluate_run,
-    generation_config_from_ppo,
     trajectories_path,
 )
 from searchrl.models.tiny import build_policy, tokenizer_training_texts, train_tokenizer
@@ -88,13 +86,13 @@ def test_evaluate_policy_scores_forced_expert_and_wrong_answers(world):
     ]
     tok, cfg = world["tok"], world["config"]
     policy = build_policy(tok, TINY)
-    env_cfg = env_config_from_ppo(cfg)
+    env_cfg = cfg.env_config()
     result = evaluate_policy(
         policy,
         tok,
         rows,
         lambda: SearchEnvironment(world["backend"], env_cfg, tokenizer=tok),
-        generation_config_from_ppo(cfg),
+        cfg.generation_config(),
         rubric=default_rubric(),
         batch_size=4,
         n_resamples=200,
@@ -119,12 +117,12 @@ def test_the_dev_loop_both_trainers_run_samples_each_chunk_with_its_own_seed(wor
     rows = world["task"].splits["dev"][:4]
     tok, cfg = world["tok"], world["config"]
     policy = build_policy(tok, TINY)
-    env_cfg = env_config_from_ppo(cfg)
+    env_cfg = cfg.env_config()
 
     def env():
         return SearchEnvironment(world["backend"], env_cfg, tokenizer=tok)
 
-    config = dataclasses.replace(generation_config_from_ppo(cfg), temperature=1.0, max_new_tokens_per_turn=8)
+    config = dataclasses.replace(cfg.generation_config(), temperature=1.0, max_new_tokens_per_turn=8)
     seeds = []
 
     class RecordingGenerator(HFGenerator):  # a trainer's own engine, reused chunk after chunk
@@ -213,12 +211,12 @@ def test_cli_eval_explains_what_is_missing(world, tmp_path):
 
 
 def test_a_recorded_env_yaml_wins_over_what_the_ppo_config_implies(world, tmp_path):
-    from searchrl.env.environment import EnvConfig
+    from searchrl.env.config import EnvConfig
     from searchrl.evaluation.evaluate import load_run_config, run_env_config
 
     cfg = load_run_config(world["run"])
     implied = run_env_config(world["run"], cfg)
-    assert (implied.max_turns, implied.max_tool_calls, implied.max_total_tokens) == (3, 3, 600)
+    assert (implied.max_turns, implied.max_tool_calls, implied.max_episode_tokens) == (3, 3, 600)
     run = tmp_path / "run"
     run.mkdir()
     save_config(EnvConfig(max_turns=2, topk=2), run / "env.yaml")
@@ -315,7 +313,7 @@ def test_a_checkpoint_on_questions_and_a_corpus_the_run_never_saw(world, tmp_pat
     assert data["data"] == str(unseen.questions) and data["n"] == len(UNSEEN_QUESTIONS)
     # The run's environment (config.yaml: 3 turns, 3 tool calls, 600 tokens), not the defaults.
     env = data["env_config"]
-    assert (env["max_turns"], env["max_tool_calls"], env["max_total_tokens"]) == (3, 3, 600)
+    assert (env["max_turns"], env["max_tool_calls"], env["max_episode_tokens"]) == (3, 3, 600)
     trajs = result.trajectories
     unseen_ids = {d["id"] for d in UNSEEN_CORPUS}
     assert [t.tool_calls[0].doc_ids[0] for t in trajs] == ["u1", "u3", "u4"]

@@ -23,7 +23,7 @@ from searchrl.common.config import ConfigError, load_config
 from searchrl.env.environment import SearchEnvironment
 from searchrl.env.protocol import format_tool_call
 from searchrl.grpo.config import GRPORunConfig
-from searchrl.grpo.trainer import build_grpo_trainer, env_config_for
+from searchrl.grpo.trainer import build_grpo_trainer
 from searchrl.grpo.trl_loop import spans_from_mask, tool_env_factory, unexecuted_call_records
 from searchrl.models.forward_patches import shares_storage
 from searchrl.models.tiny import (
@@ -140,7 +140,7 @@ def test_trl_loop_mode_trains_through_trls_tool_loop(grpo_world: GrpoWorld) -> N
     tok = grpo_world.tokenizer
     # TRL rendered the compact prompt exactly as our engine does (no tool section in either).
     ours = SearchEnvironment(
-        grpo_world.backend, env_config_for(grpo_config(grpo_world.root, "trl_loop")), tokenizer=tok
+        grpo_world.backend, grpo_config(grpo_world.root, "trl_loop").env_config(), tokenizer=tok
     )
     assert ours.tools == []
     for row, ids in zip(trainer.current_inputs, trainer.last_generation["prompt_ids"], strict=True):
@@ -206,7 +206,7 @@ def test_max_tool_calls_zero_is_no_search_in_both_modes(grpo_world: GrpoWorld, m
 def test_both_modes_show_the_policy_the_same_prompt_tokens(grpo_world: GrpoWorld) -> None:
     """TRL's loop renders `search` from a method's docstring; ours from the environment: same tokens."""
     cfg = grpo_config(grpo_world.root, "trl_loop", tool_schema_in_prompt=True)
-    env_config = env_config_for(cfg)
+    env_config = cfg.env_config()
     env = tool_env_factory(grpo_world.backend, env_config, grpo_world.tokenizer)()
     from transformers.utils import get_json_schema
 

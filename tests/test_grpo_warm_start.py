@@ -16,9 +16,7 @@ from worlds import GrpoWorld
 
 from searchrl.common.config import ConfigError, load_config
 from searchrl.demo.pipeline import DemoConfig, smoke_config
-from searchrl.evaluation.evaluate import generation_config_from_ppo
 from searchrl.grpo.config import GRPORunConfig
-from searchrl.grpo.trainer import generation_config_for
 from searchrl.grpo.warm_start import train_grpo_from_warm_start
 from searchrl.ppo.config import PPOConfig
 from searchrl.rewards.combine import default_rubric
@@ -54,8 +52,8 @@ def small_ppo(**overrides: object) -> PPOConfig:
 def test_grpo_copies_environment_limits_and_budget_from_the_ppo_stage(ppo: PPOConfig) -> None:
     cfg = with_sections_of(GRPORunConfig, ppo, mode="trl_loop")
     assert cfg.env_config() == ppo.env_config()
-    assert generation_config_for(cfg) == generation_config_from_ppo(ppo)
-    assert generation_config_for(cfg, temperature=cfg.eval_temperature).temperature == ppo.eval_temperature
+    assert cfg.generation_config() == ppo.generation_config()
+    assert cfg.generation_config(temperature=cfg.eval_temperature).temperature == ppo.eval_temperature
     assert cfg.episodes_per_step == ppo.per_device_train_batch_size * ppo.gradient_accumulation_steps
     assert cfg.num_steps * cfg.episodes_per_step == ppo.total_episodes
     assert (cfg.learning_rate, cfg.eval_steps, cfg.num_eval_questions) == (
@@ -117,7 +115,7 @@ def test_train_from_warm_start_with_the_ppo_settings(grpo_world: GrpoWorld, tmp_
     assert evals[2]["time/train_s"] > evals[1]["time/train_s"] > 0
     assert all(0.0 <= e["eval/exact_match"] <= 1.0 for e in evals)
     manifest = json.loads((run / "manifest.json").read_text())
-    assert manifest["generation_config"] == dataclasses.asdict(generation_config_from_ppo(ppo))
+    assert manifest["generation_config"] == dataclasses.asdict(ppo.generation_config())
 
 
 def test_a_folder_without_a_warm_start_is_refused(grpo_world: GrpoWorld, tmp_path: Path) -> None:
@@ -142,7 +140,7 @@ def test_shipped_grpo_config_matches_the_demo_ppo_stage() -> None:
     ppo = dataclasses.replace(DemoConfig().ppo_config(), seed=shipped.seed)
     derived = with_sections_of(GRPORunConfig, ppo, mode=shipped.mode)
     assert shipped.env_config() == ppo.env_config()
-    assert generation_config_for(shipped) == generation_config_from_ppo(ppo)
+    assert shipped.generation_config() == ppo.generation_config()
     for name in ("eval_temperature", "learning_rate", "eval_steps", "num_eval_questions", "num_steps"):
         assert getattr(shipped, name) == getattr(derived, name), name
     assert shipped.episodes_per_step == derived.episodes_per_step

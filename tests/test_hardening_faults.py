@@ -67,7 +67,7 @@ def test_ppo_run_with_20_percent_search_faults_completes_and_counts_every_failur
         batch_size=2,
         searches=2,
         save_steps=1000,
-        env_cfg={"tool_timeout_s": deadline_s, "max_retries": 0, "breaker_failures": 1000},
+        env_cfg={"search_timeout_s": deadline_s, "max_retries": 0, "breaker_failures": 1000},
     )
     _, wall = timed(trainer.train)
     metrics = read_metrics(tmp_path / "run")
@@ -123,7 +123,12 @@ def test_ppo_run_survives_the_search_server_killed_and_restarted(world, tmp_path
             steps=3,
             save_steps=1000,
             callbacks=[KillAndRestart(server)],
-            env_cfg={"tool_timeout_s": 8.0, "max_retries": 0, "breaker_failures": 2, "breaker_reset_s": 0.2},
+            env_cfg={
+                "search_timeout_s": 8.0,
+                "max_retries": 0,
+                "breaker_failures": 2,
+                "breaker_reset_s": 0.2,
+            },
         )
         _, wall = timed(trainer.train)
     metrics = read_metrics(tmp_path / "run")

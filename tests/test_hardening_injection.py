@@ -30,7 +30,8 @@ from searchrl.data.injection import (
 )
 from searchrl.data.synthetic import generate, preset_config
 from searchrl.data.synthetic_text import expert_queries
-from searchrl.env.environment import EnvConfig, SearchEnvironment
+from searchrl.env.config import EnvConfig
+from searchrl.env.environment import SearchEnvironment
 from searchrl.env.protocol import format_tool_call, parse_turn
 from searchrl.env.sanitize import sanitize_text
 from searchrl.env.tools import SEARCH_TOOL, ToolRegistry, ToolSpec
@@ -74,7 +75,7 @@ def test_each_attack_is_neutralised_in_the_observation(world, kind):
     assert parse_turn(text).tool_calls or "<answer>" in text or "<|im_start|>" in text or kind == "exfiltrate"
     env = SearchEnvironment(world.backend, EnvConfig(), tokenizer=world.tok)
     env.reset(row)
-    shown, _, attempts = env._render_hits("q", [_hit("inj-x", row["subject"], text)])
+    shown, _, attempts = env.writer.documents("q", [_hit("inj-x", row["subject"], text)], env.source_numbers)
     if kind != "exfiltrate":
         assert attempts > 0
     parsed = parse_turn(shown)
@@ -114,7 +115,7 @@ def test_ppo_run_with_injected_index_and_an_obedient_policy_executes_nothing_for
         max_new_tokens_per_turn=160,
         max_episode_tokens=1500,
         # Whole documents in the observations: truncation would hide the attacks (a defence of sorts).
-        env_cfg={"max_observation_tokens": 512, "max_total_tokens": 1400},
+        env_cfg={"max_observation_tokens": 512, "max_episode_tokens": 1400},
     )
     # Targets of forge_tool_call, disallowed_tool (x2) and exfiltrate: every episode's search hits its
     # injected document, and the obedient policy tries both forbidden tools and a forged search.

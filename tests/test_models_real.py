@@ -28,7 +28,8 @@ from trl.chat_template_utils import is_chat_template_prefix_preserving, supports
 from typer.testing import CliRunner
 
 from searchrl.cli import app
-from searchrl.env.environment import EnvConfig, SearchEnvironment
+from searchrl.env.config import EnvConfig
+from searchrl.env.environment import SearchEnvironment
 from searchrl.models import gguf_file
 from searchrl.models.gguf import MANIFEST_NAME, import_gguf, read_manifest
 from searchrl.models.gguf_file import GGUFImportError, locate_wheel_gguf, read_gguf_metadata

@@ -15,7 +15,8 @@ import pytest
 import torch
 from test_ppo_trainer import QA, TINY, call, env_factory, make_args
 
-from searchrl.env.environment import EnvConfig, SearchEnvironment
+from searchrl.env.config import EnvConfig
+from searchrl.env.environment import SearchEnvironment
 from searchrl.models.forward_patches import (
     ForwardPatchError,
     find_forward_patches,

@@ -22,7 +22,8 @@ import torch
 from transformers import TrainerCallback
 from worlds import TINY_TWO_LAYERS, VARNHOLT_CORPUS, VARNHOLT_QA
 
-from searchrl.env.environment import EnvConfig, SearchEnvironment
+from searchrl.env.config import EnvConfig
+from searchrl.env.environment import SearchEnvironment
 from searchrl.models.tiny import (
     build_value_model,
 )

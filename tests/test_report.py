@@ -21,7 +21,8 @@ from worlds import TINY_ONE_LAYER, VARNHOLT_CORPUS, write_corpus_jsonl
 from searchrl.cli import app
 from searchrl.common.io import append_jsonl, atomic_write_json
 from searchrl.common.trajectory import write_trajectories
-from searchrl.env.environment import EnvConfig, SearchEnvironment
+from searchrl.env.config import EnvConfig
+from searchrl.env.environment import SearchEnvironment
 from searchrl.env.protocol import format_answer, format_tool_call
 from searchrl.evaluation.evaluate import evaluate_policy, evaluate_run
 from searchrl.evaluation.report import render_trajectory, write_report
@@ -197,11 +198,10 @@ def test_report_on_a_real_ppo_run_with_offline_eval_and_audit(world, tmp_path):
         num_eval_questions=3,
         progress_bar=False,
     )
-    from searchrl.evaluation.evaluate import env_config_from_ppo
     from searchrl.search.index import load_index
 
     backend = load_index(root / "index")
-    env_cfg = env_config_from_ppo(args)
+    env_cfg = args.env_config()
     trainer = PPOTrainer(
         args,
         tok,

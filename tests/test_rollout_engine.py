@@ -16,7 +16,8 @@ from pydantic import BaseModel, ConfigDict
 from worlds import INJECTION_DOC, SMALL_GQA, VARNHOLT_CORPUS, VARNHOLT_QA, write_corpus_jsonl
 
 from searchrl.common.trajectory import read_trajectories, write_trajectories
-from searchrl.env.environment import EnvConfig, SearchEnvironment
+from searchrl.env.config import EnvConfig
+from searchrl.env.environment import SearchEnvironment
 from searchrl.env.tools import SEARCH_TOOL, ToolRegistry, ToolSpec
 from searchrl.models.tiny import build_policy, tokenizer_training_texts, train_tokenizer
 from searchrl.rollout.chat import ToolGlue, render_conversation
@@ -235,7 +236,7 @@ def test_every_failure_kind_is_an_observation_and_other_rows_go_on(world):
             ["ok", "over_budget", "over_budget"],
             "max_tool_calls",
         ),
-        ("timeout", [call("Varnholt"), ok_answer], {"tool_timeout_s": 0.3}, slow, ["timeout"], "answered"),
+        ("timeout", [call("Varnholt"), ok_answer], {"search_timeout_s": 0.3}, slow, ["timeout"], "answered"),
         ("server_down", [call("Varnholt"), ok_answer], {"max_retries": 0}, down, ["unavailable"], "answered"),
         ("healthy", [call("Varnholt"), ok_answer], {}, None, ["ok"], "answered"),
         (

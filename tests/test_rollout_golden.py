@@ -27,7 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # worlds.py, also when
 
 from worlds import SCRIPTS, VARNHOLT_QA, answer, build_rollout_world, call  # noqa: E402
 
-from searchrl.env.environment import EnvConfig, SearchEnvironment  # noqa: E402
+from searchrl.env.config import EnvConfig  # noqa: E402
+from searchrl.env.environment import SearchEnvironment  # noqa: E402
 from searchrl.rollout.generator import GenerationConfig, HFGenerator, ScriptedPolicy  # noqa: E402
 from searchrl.rollout.vllm_generator import HFTokenEngine, VLLMGenerator  # noqa: E402
 
@@ -119,7 +120,7 @@ def vllm(world, scripts, **gen) -> Any:
 
 def budget_sweep(world, script, protocol) -> list[dict[str, Any]]:
     """Model-free replays of one episode under every budget from too small to ample (the PPO wiring:
-    the environment's max_total_tokens equals the rollout's max_episode_tokens)."""
+    the environment's max_episode_tokens equals the rollout's max_episode_tokens)."""
     out = []
     for budget in range(10, 330, 1):
         batch = hf(
@@ -127,7 +128,7 @@ def budget_sweep(world, script, protocol) -> list[dict[str, Any]]:
             [script],
             protocol=protocol,
             model=False,
-            env_cfg={"max_total_tokens": budget},
+            env_cfg={"max_episode_tokens": budget},
             max_episode_tokens=budget,
         )
         out.append({"budget": budget, **describe(batch, full=False)["trajectories"][0]})

@@ -12,7 +12,8 @@ import pytest
 import torch
 from worlds import TINY_ONE_LAYER
 
-from searchrl.env.environment import EnvConfig, SearchEnvironment
+from searchrl.env.config import EnvConfig
+from searchrl.env.environment import SearchEnvironment
 from searchrl.models.tiny import build_policy, tokenizer_training_texts, train_tokenizer
 from searchrl.rollout.generator import GenerationConfig, HFGenerator, ScriptedPolicy
 from searchrl.sft.expert import ExpertConfig, ExpertPolicy

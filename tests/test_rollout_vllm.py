@@ -26,7 +26,8 @@ import torch
 from worlds import SCRIPTS, VARNHOLT_QA, answer, call
 
 from searchrl.common.config import ConfigError
-from searchrl.env.environment import EnvConfig, SearchEnvironment
+from searchrl.env.config import EnvConfig
+from searchrl.env.environment import SearchEnvironment
 from searchrl.ppo.config import PPOConfig
 from searchrl.rollout.generator import GenerationConfig, HFGenerator, ScriptedPolicy, sampling_log_probs
 from searchrl.rollout.vllm_generator import (

@@ -15,7 +15,8 @@ from worlds import TINY_ONE_LAYER
 
 from searchrl.common.config import ConfigError
 from searchrl.data.synthetic_text import FACT_TEMPLATES, RELATION_WORDS, relation_chain
-from searchrl.env.environment import EnvConfig, SearchEnvironment
+from searchrl.env.config import EnvConfig
+from searchrl.env.environment import SearchEnvironment
 from searchrl.models.tiny import build_policy, tokenizer_training_texts, train_tokenizer
 from searchrl.rewards.citation import citation_status
 from searchrl.rewards.qa import exact_match, normalize_answer

@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from searchrl.env.environment import EnvConfig, SearchEnvironment
+from searchrl.env.config import EnvConfig
+from searchrl.env.environment import SearchEnvironment
 from searchrl.env.protocol import format_answer, format_search_r1_call, format_tool_call
 from searchrl.rollout.generator import GenerationConfig, HFGenerator
 from searchrl.sft.forcing import PlannedTurnForcing

@@ -16,7 +16,8 @@ from worlds import TINY_WIDE
 
 from searchrl.common.config import ConfigError
 from searchrl.common.trajectory import Trajectory
-from searchrl.env.environment import EnvConfig, SearchEnvironment
+from searchrl.env.config import EnvConfig
+from searchrl.env.environment import SearchEnvironment
 from searchrl.models.tiny import build_policy, tokenizer_training_texts, train_tokenizer
 from searchrl.sft.expert import ExpertConfig, ExpertPolicy
 from searchrl.sft.warm_start import (

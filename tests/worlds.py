@@ -214,14 +214,13 @@ def build_grpo_world(root: Path, synthetic: SyntheticIndex) -> GrpoWorld:
     import torch
 
     from searchrl.env.environment import SearchEnvironment
-    from searchrl.grpo.trainer import env_config_for
     from searchrl.rollout.chat import render_conversation
 
     torch.manual_seed(0)
     task, backend = synthetic.task, synthetic.backend
     rows = [r for r in task.splits["train"] if r["hops"] == 1][:2]
     texts = tokenizer_training_texts(task.corpus, task.splits["train"])
-    env_config = env_config_for(grpo_config(root, "our_rollout"))
+    env_config = grpo_config(root, "our_rollout").env_config()
     # Teach the BPE the rendered prompt (tool schema included): shorter prompts, faster tests.
     first = train_tokenizer(texts, vocab_size=1024)
     env = SearchEnvironment(backend, env_config)

@@ -1,8 +1,14 @@
-"""Configs are dataclasses with a help string on every field, loadable from YAML.
+"""Configs are dataclasses with a help string on every field, checked when built, loadable from YAML.
 
-`load_config(cls, path, overrides)` reads a YAML file into the dataclass (nested dataclasses too),
-refusing unknown keys and wrong types with a message that names the file and the field, and
-`config_help(cls)` lists every field with its help for `--help` texts and the README.
+Declared: every field has `metadata=help_text("...")`; `config_help(cls)` lists every field with its help
+for `--help` texts and the docs.
+
+Checked: a config made of parts (`Section`: the trainers' sections, the environment's settings, the SFT and
+reward-model schedule) runs, when built, the `check` each of its classes defines for its own fields
+(`check_sections`); `require`, `require_int` and `require_choice` raise a `ConfigError` naming the field.
+
+Loaded: `load_config(cls, path, overrides)` reads a YAML file into the dataclass (nested dataclasses too),
+refusing unknown keys and wrong types with a message that names the file and the field.
 """
 
 from __future__ import annotations
@@ -25,6 +31,13 @@ class ConfigError(ValueError):
     """A config file or override is wrong; the message says where and how to fix it."""
 
 
+def help_text(text: str) -> dict[str, str]:
+    """A dataclass field's metadata holding its help: `field(default=..., metadata=help_text("..."))`.
+
+    The help is what `config_help` lists for `--help` texts and the docs; every config field has one."""
+    return {"help": text}
+
+
 def field_help(cls: type, name: str) -> str:
     for f in dataclasses.fields(cls):
         if f.name == name:
@@ -44,6 +57,54 @@ def config_help(cls: type) -> list[tuple[str, str, Any]]:
             default = None
         out.append((f.name, f.metadata.get("help", ""), default))
     return out
+
+
+# -- checking: a config refuses wrong values when it is built, naming the field ---------------------------
+
+
+def require(condition: bool, name: str, value: object, rule: str) -> None:
+    """Raise `ConfigError("name=value rule.")` unless `condition` holds."""
+    if not condition:
+        raise ConfigError(f"{name}={value!r} {rule}.")
+
+
+def require_choice(value: object, name: str, choices: tuple[str, ...]) -> None:
+    """Raise `ConfigError("name=value is not one of [...].")` unless `value` is one of `choices`."""
+    if value not in choices:
+        raise ConfigError(f"{name}={value!r} is not one of {list(choices)}.")
+
+
+def require_int(condition: bool, name: str, value: object, rule: str = ">= 1") -> None:
+    """`require` that `value` is an integer (not a bool) and `condition` holds: "must be an integer {rule}"."""
+    require(
+        isinstance(value, int) and not isinstance(value, bool) and condition,
+        name,
+        value,
+        f"must be an integer {rule}",
+    )
+
+
+def check_sections(cfg: Any) -> None:
+    """Run the `check` of every class `cfg` is, base classes first, each on the fields it declares.
+
+    Each section (and each trainer config) defines `check` for its own fields only; looking the method up
+    in each class's own namespace calls every one of them exactly once, however the classes are combined.
+    """
+    for klass in reversed(type(cfg).__mro__):
+        check = klass.__dict__.get("check")
+        if check is not None:
+            check(cfg)
+
+
+class Section:
+    """Base of a config made of parts (the trainers' sections, the environment's and the schedule's settings):
+    it checks itself when it is built (`check_sections`)."""
+
+    def __post_init__(self) -> None:
+        check_sections(self)
+
+
+# -- loading from YAML ------------------------------------------------------------------------------
 
 
 def _coerce(value: Any, tp: Any, where: str) -> Any:

@@ -60,7 +60,7 @@ from searchrl.demo.pipeline import FindsNothing, StageClock, peak_rss_mb, stage_
 from searchrl.env.environment import SearchEnvironment
 from searchrl.env.protocol import ANSWER_OPEN, format_search_r1_call, format_tool_call
 from searchrl.evaluation import HEADLINE_METRICS
-from searchrl.evaluation.evaluate import evaluate_policy, generation_config_from_ppo, summarise
+from searchrl.evaluation.evaluate import evaluate_policy, summarise
 from searchrl.models.gguf import MANIFEST_NAME, import_gguf
 from searchrl.models.tiny import load_policy, load_tokenizer
 from searchrl.ppo.config import PPOConfig, PPOSection
@@ -632,7 +632,7 @@ def _evaluate(
     advance: Callable[[int], None],
 ) -> tuple[dict[str, Any], list[Trajectory]]:
     """Greedy, the PPO stage's limits, in batches (one progress step each); summary with bootstrap CIs."""
-    gen_cfg = dataclasses.replace(generation_config_from_ppo(cfg.ppo_config()), seed=cfg.seed)
+    gen_cfg = dataclasses.replace(cfg.ppo_config().generation_config(), seed=cfg.seed)
     factory = real_generator_factory(cfg.bf16_rollouts, baseline, cfg.expert.max_query_chars)
     trajs: list[Trajectory] = []
     for start in range(0, len(rows), cfg.eval_batch_size):
@@ -782,7 +782,7 @@ def run_real_demo(cfg: RealDemoConfig) -> dict[str, Any]:
     # 5. expert demonstrations --------------------------------------------------------------------------------------
     def make_demos(advance: Callable[[int], None]) -> list[Trajectory]:
         expert = RealExpert(cfg.expert)
-        gen = generation_config_from_ppo(cfg.ppo_config())
+        gen = cfg.ppo_config().generation_config()
         demos: list[Trajectory] = []
         for i in range(0, len(train_rows), cfg.demo_batch_size):
             chunk = train_rows[i : i + cfg.demo_batch_size]

@@ -1,20 +1,22 @@
 """searchrl.env: the tool environment between the policy's turns and the search backend.
 
 `parse_turn` reads a turn (tool calls, final answer, or what is malformed), `SearchEnvironment` runs an
-episode (validation, allow-list, budgets, batched searches under a deadline, sanitised observations) and
-`SearchToolEnv` adapts it to TRL 1.16's `GRPOTrainer(environment_factory=...)`.
+episode (validation, allow-list, budgets, batched searches under a deadline) with the settings of
+`EnvConfig` (the episode's `EpisodeSettings` and its own limits), `ObservationWriter` words what a search
+shows the policy (sanitised, labelled, truncated), and `SearchToolEnv` adapts the environment to TRL
+1.16's `GRPOTrainer(environment_factory=...)`.
 """
 
+from searchrl.env.config import EnvConfig, EpisodeSettings
 from searchrl.env.environment import (
-    EnvConfig,
     SearchEnvironment,
     StepResult,
     TextTokenMeter,
-    TokenCounter,
     TokenMeter,
     step_batch,
 )
 from searchrl.env.guard import BackendGuard, guard_for
+from searchrl.env.observations import ObservationWriter, TokenCounter
 from searchrl.env.protocol import (
     ToolCall,
     Turn,
@@ -33,6 +35,8 @@ __all__ = [
     "ArgLimits",
     "BackendGuard",
     "EnvConfig",
+    "EpisodeSettings",
+    "ObservationWriter",
     "SearchArgs",
     "SearchEnvironment",
     "SearchToolEnv",

@@ -8,7 +8,11 @@ One episode: `reset(row)` gives the prompt messages; then each finished policy t
 3. sends all accepted searches of all rows as ONE `backend.search(queries, k)` per distinct
    (backend, k), under a hard deadline, with retries and a shared circuit breaker (`guard.BackendGuard`);
 4. turns hits into sanitised, numbered, truncated observations, and every rejected or failed call
-   into an observation that says what was wrong and how to call the tool correctly.
+   into an observation that says what was wrong and how to call the tool correctly
+   (`observations.ObservationWriter`).
+
+Its settings are `config.EnvConfig`: the episode's (`EpisodeSettings`, which the trainers' environment
+section is) and its own limits and failure handling.
 
 Termination (`StepResult.termination`, one of `TERMINATION_REASONS`):
 
@@ -22,7 +26,7 @@ Termination (`StepResult.termination`, one of `TERMINATION_REASONS`):
   ``over_budget``, the backend is never called); if the policy tries again in a later turn instead of
   answering, the episode ends;
 - ``token_budget``: the tokens after the prompt (actions + observations) would exceed
-  `max_total_tokens`; the env refuses to add such an observation. The rollout may also end the episode
+  `max_episode_tokens`; the env refuses to add such an observation. The rollout may also end the episode
   itself with `finish("token_budget")`;
 - ``error``: set only from outside through `finish("error")` (a failed call is an observation, never a
   crash or an end).
@@ -36,17 +40,17 @@ tokens of the text.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 from searchrl.common.config import ConfigError
 from searchrl.common.trajectory import TERMINATION_REASONS, ToolCallRecord
+from searchrl.env.config import EnvConfig
 from searchrl.env.guard import BackendGuard, BatchOutcome, Flight, guard_for
+from searchrl.env.observations import ObservationWriter, TokenCounter
 from searchrl.env.protocol import (
     ANSWER_CLOSE,
     ANSWER_OPEN,
-    PROTOCOLS,
     SEARCH_CLOSE,
     SEARCH_OPEN,
     ToolCall,
@@ -55,15 +59,9 @@ from searchrl.env.protocol import (
     correct_call_hint,
     parse_turn,
 )
-from searchrl.env.sanitize import sanitize_text, special_tokens_of
-from searchrl.env.tools import DEFAULT_REGISTRY, ArgLimits, ToolRegistry
+from searchrl.env.sanitize import special_tokens_of
+from searchrl.env.tools import DEFAULT_REGISTRY, ToolRegistry
 from searchrl.search.base import Backend, Hit
-
-TRUNCATION_MARKER = "[... truncated]"
-CITATION_STYLES = ("doc_id", "number")
-
-# Tools the environment knows how to execute. Other registered tools can be named (and denied) only.
-EXECUTABLE_TOOLS = ("search",)
 
 DEFAULT_SYSTEM_PROMPT_CHAT = (
     "Answer the question. Use the search tool to find documents; you may search more than once. "
@@ -86,120 +84,6 @@ DEFAULT_SYSTEM_PROMPT_SEARCH_R1 = (
 
 
 @dataclass
-class EnvConfig:
-    """Protocol, budgets, limits and failure handling of a `SearchEnvironment`."""
-
-    protocol: Literal["chat", "search_r1"] = field(
-        default="chat",
-        metadata={
-            "help": "How the policy calls tools: 'chat' (<tool_call> JSON, tool messages) or 'search_r1'."
-        },
-    )
-    max_turns: int = field(
-        default=4,
-        metadata={"help": "Policy turns per episode; the last one must answer (its calls are not run)."},
-    )
-    max_tool_calls: int = field(
-        default=4,
-        metadata={
-            "help": "Searches per episode; further calls get an 'over budget' observation (0 = no search: "
-            "every call is over budget, a closed-book episode in the same protocol)."
-        },
-    )
-    max_total_tokens: int = field(
-        default=1024, metadata={"help": "Tokens after the prompt (actions + observations) per episode."}
-    )
-    max_observation_tokens: int = field(
-        default=256, metadata={"help": "Tokens per observation; longer ones are cut with '[... truncated]'."}
-    )
-    topk: int = field(default=3, metadata={"help": "Documents per search when the call gives no k."})
-    max_topk: int = field(default=10, metadata={"help": "Largest k a call may ask for."})
-    max_query_chars: int = field(default=256, metadata={"help": "Longest query accepted, in characters."})
-    tool_timeout_s: float = field(
-        default=5.0,
-        metadata={"help": "Deadline of one batched search call, enforced even if the backend hangs."},
-    )
-    max_retries: int = field(
-        default=1,
-        metadata={"help": "Retries of a search that failed with SearchUnavailable (within the deadline)."},
-    )
-    retry_backoff_s: float = field(
-        default=0.05, metadata={"help": "First retry delay in seconds; doubles with every retry."}
-    )
-    allowed_tools: list[str] = field(
-        default_factory=lambda: ["search"],
-        metadata={"help": "Allow-list: a call to any other tool is a permission denial."},
-    )
-    breaker_failures: int = field(
-        default=3, metadata={"help": "Consecutive failed batches after which the circuit breaker opens."}
-    )
-    breaker_reset_s: float = field(
-        default=30.0, metadata={"help": "Seconds the open breaker refuses calls before one trial batch."}
-    )
-    system_prompt: str | None = field(
-        default=None, metadata={"help": "System prompt; empty/None uses the protocol's short default."}
-    )
-    tool_schema_in_prompt: bool = field(
-        default=True,
-        metadata={
-            "help": "Chat protocol: pass the tool JSON schemas to the chat template (which renders them into "
-            "the system turn). False keeps prompts short for tiny models: the system prompt then shows "
-            "one example call instead, and `tools` is empty."
-        },
-    )
-    citation_style: Literal["doc_id", "number"] = field(
-        default="doc_id",
-        metadata={
-            "help": "How documents are labelled and cited. 'doc_id': each shown with its corpus id, cited as "
-            "[d000042]. 'number': numbered [1], [2], ... in the order the episode first shows them (on across "
-            "searches; a document shown again keeps its number), cited as [2]; the environment maps each cited "
-            "number back to its document id, so rewards and the audit see corpus ids either way."
-        },
-    )
-
-    def __post_init__(self) -> None:
-        if self.protocol not in PROTOCOLS:
-            raise ConfigError(f"protocol: {self.protocol!r} is not one of {list(PROTOCOLS)}")
-        if self.citation_style not in CITATION_STYLES:
-            raise ConfigError(
-                f"citation_style: {self.citation_style!r} is not one of {list(CITATION_STYLES)}"
-            )
-        if self.max_tool_calls < 0:
-            raise ConfigError(f"max_tool_calls: must be >= 0 (0 = no search), got {self.max_tool_calls}")
-        for name in (
-            "max_turns",
-            "max_total_tokens",
-            "topk",
-            "max_topk",
-            "max_query_chars",
-        ):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{name}: must be >= 1, got {getattr(self, name)}")
-        if self.max_observation_tokens < 16:
-            raise ConfigError(
-                f"max_observation_tokens: must be >= 16 (room for a document and the truncation marker), "
-                f"got {self.max_observation_tokens}"
-            )
-        if self.topk > self.max_topk:
-            raise ConfigError(f"topk: {self.topk} is larger than max_topk={self.max_topk}")
-        if self.tool_timeout_s <= 0:
-            raise ConfigError(f"tool_timeout_s: must be > 0 seconds, got {self.tool_timeout_s}")
-        if self.max_retries < 0 or self.retry_backoff_s < 0:
-            raise ConfigError("max_retries and retry_backoff_s must be >= 0")
-        if self.breaker_failures < 1 or self.breaker_reset_s < 0:
-            raise ConfigError("breaker_failures must be >= 1 and breaker_reset_s >= 0")
-        for name in self.allowed_tools:
-            if name not in EXECUTABLE_TOOLS:
-                raise ConfigError(
-                    f"allowed_tools: {name!r} cannot be executed by SearchEnvironment; allow only {list(EXECUTABLE_TOOLS)}"
-                )
-
-    @property
-    def limits(self) -> ArgLimits:
-        return ArgLimits(topk=self.topk, max_topk=self.max_topk, max_query_chars=self.max_query_chars)
-
-
-@dataclass
 class StepResult:
     """What happens after one policy turn. See the module docstring for the termination rules."""
 
@@ -212,37 +96,6 @@ class StepResult:
     citations: list[str] = field(default_factory=list)
     error: str | None = None
     injection_attempts: int = 0
-
-
-class TokenCounter:
-    """Counts and cuts text in tokens of `tokenizer` (an HF tokenizer), or in white-space words."""
-
-    _WORD = re.compile(r"\S+")
-
-    def __init__(self, tokenizer: Any | None = None) -> None:
-        self.tokenizer = tokenizer
-
-    def count(self, text: str) -> int:
-        if not text:
-            return 0
-        if self.tokenizer is None:
-            return len(text.split())
-        return len(self.tokenizer.encode(text, add_special_tokens=False))
-
-    def head(self, text: str, n: int) -> str:
-        """The longest prefix of `text` that is at most `n` tokens (cut on token boundaries)."""
-        if n <= 0:
-            return ""
-        if self.tokenizer is None:
-            words = list(self._WORD.finditer(text))
-            return text if len(words) <= n else text[: words[n - 1].end()]
-        try:
-            enc = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-            offsets = enc["offset_mapping"]
-            return text if len(offsets) <= n else text[: offsets[n - 1][1]]
-        except (NotImplementedError, KeyError, TypeError, ValueError):  # slow tokenizer: decode a prefix
-            ids = self.tokenizer.encode(text, add_special_tokens=False)
-            return text if len(ids) <= n else self.tokenizer.decode(ids[:n])
 
 
 class TokenMeter(Protocol):
@@ -296,7 +149,7 @@ class _Plan:
 class SearchEnvironment:
     """One episode at a time of question answering with a search tool (see the module docstring).
 
-    `meter` counts what each turn and observation costs against `max_total_tokens`; the rollout sets its
+    `meter` counts what each turn and observation costs against `max_episode_tokens`; the rollout sets its
     own per episode (exact token counts), and TRL's tool loop gets `rollout.chat.ChatTokenMeter`.
     """
 
@@ -319,7 +172,7 @@ class SearchEnvironment:
         )
         self.tokenizer = tokenizer
         self.counter = TokenCounter(tokenizer)
-        self._extra_special = special_tokens_of(tokenizer)
+        self.writer = ObservationWriter(self.config, self.counter, special_tokens_of(tokenizer))
         self.meter: TokenMeter = meter if meter is not None else TextTokenMeter(self.counter)
         self.row: dict[str, Any] | None = None
         self._clear_episode()
@@ -505,9 +358,9 @@ class SearchEnvironment:
             plan.result = self._end_unexecuted(
                 turn, turn_index, "max_turns", f"turn limit ({cfg.max_turns}) reached"
             )
-        elif self.tokens_used >= cfg.max_total_tokens:
+        elif self.tokens_used >= cfg.max_episode_tokens:
             plan.result = self._end_unexecuted(
-                turn, turn_index, "token_budget", f"token budget ({cfg.max_total_tokens}) used up"
+                turn, turn_index, "token_budget", f"token budget ({cfg.max_episode_tokens}) used up"
             )
         else:
             self._plan_calls(plan, turn_index)
@@ -583,14 +436,10 @@ class SearchEnvironment:
         self._over_budget_warned = self._over_budget_warned or over_budget
 
     def _reject(self, slot: _Slot, status: str, detail: str, hint: str) -> None:
-        """An error observation: the (sanitised) problem, then the env's own trusted advice.
-
-        The detail may quote the policy's text (a tool name, a JSON error), so it is sanitised; the hint is
-        ours and keeps its real markup so the policy sees exactly how a correct call or answer looks."""
+        """Record a refused call; its observation says why, then how to go on (`ObservationWriter.error`)."""
         slot.record.status = status
         slot.record.error = detail
-        clean_detail = self._sanitize(detail)[0]
-        slot.content = self._fit(f"Error ({status}): {clean_detail}. {hint}")
+        slot.content = self.writer.error(status, detail, hint)
 
     def _deliver(self, slot: _Slot, outcome: BatchOutcome, hits: list[Hit] | None) -> None:
         """Turn one call's share of a batch outcome into its record and observation."""
@@ -598,10 +447,12 @@ class SearchEnvironment:
         slot.record.status = outcome.status
         if outcome.status != "ok" or hits is None:
             slot.record.error = outcome.error
-            slot.content = self._fit(self._sanitize(_failure_message(outcome, self.config))[0])
+            slot.content = self.writer.failure(outcome)
             return
         slot.record.doc_ids = [h.doc_id for h in hits]
-        slot.content, slot.shown, slot.injections = self._render_hits(str(slot.query), hits)
+        slot.content, slot.shown, slot.injections = self.writer.documents(
+            str(slot.query), hits, self.source_numbers
+        )
 
     def _finish_turn(self, plan: _Plan) -> StepResult:
         if plan.result is not None:
@@ -618,11 +469,11 @@ class SearchEnvironment:
         else:
             result.inline_observation = "".join(f"\n\n<information>{c}</information>\n\n" for c in contents)
         cost = self.meter.observation_tokens(result)
-        if self.tokens_used + cost > cfg.max_total_tokens:
+        if self.tokens_used + cost > cfg.max_episode_tokens:
             return self._end(
                 "token_budget",
                 records=records,
-                error=f"the observation ({cost} tokens) would exceed the token budget ({cfg.max_total_tokens})",
+                error=f"the observation ({cost} tokens) would exceed the token budget ({cfg.max_episode_tokens})",
             )
         self.tokens_used += cost
         self.observations.extend(contents)
@@ -637,129 +488,12 @@ class SearchEnvironment:
         result.injection_attempts = injections
         return result
 
-    # -- observations ------------------------------------------------------------------------------
-    def _sanitize(self, text: str) -> tuple[str, int]:
-        clean = sanitize_text(text, self._extra_special)
-        return clean.text, clean.injection_attempts
-
-    def _render_hits(self, query: str, hits: list[Hit]) -> tuple[str, dict[str, str], int]:
-        """Numbered documents -> (observation text, {doc_id: shown title+text}, injection attempts)."""
-        if not hits:
-            shown_query = self._sanitize(query)[0]
-            return self._fit(f'No documents found for "{shown_query}". Try other keywords.'), {}, 0
-        blocks: list[tuple[str, str, str, str]] = []  # (doc_id, title, header, body)
-        injections = 0
-        numbered = self.config.citation_style == "number"
-        numbered_before = len(self.source_numbers)
-        for rank, hit in enumerate(hits, start=1):
-            doc_id, n0 = self._sanitize(hit.doc_id)
-            title, n1 = self._sanitize(" ".join(hit.title.split()))
-            body, n2 = self._sanitize(hit.text.strip())
-            injections += n0 + n1 + n2
-            if numbered:  # the episode's running number is the document's label; its id is not shown
-                label = self.source_numbers.setdefault(hit.doc_id, len(self.source_numbers) + 1)
-                header = (
-                    f"[{label}] {title}"
-                    if self.config.protocol == "chat"
-                    else f"Doc {label} (Title: {title})"
-                )
-            elif self.config.protocol == "chat":
-                header = f"[{rank}] (id: {doc_id}) {title}".rstrip()
-            else:
-                header = f"Doc {rank} (id: {doc_id}, Title: {title})"
-            blocks.append((hit.doc_id, title, header, body))
-        text, kept = self._fit_blocks([(header, body) for _, _, header, body in blocks])
-        shown = {
-            doc_id: f"{title}\n{body}" for (doc_id, title, _, _), body in zip(blocks, kept, strict=False)
-        }
-        if numbered:  # a document cut off by the observation limit was never shown: it keeps no number
-            for doc_id, _, _, _ in blocks[len(kept) :]:
-                if doc_id not in shown and self.source_numbers.get(doc_id, 0) > numbered_before:
-                    del self.source_numbers[doc_id]
-        return text, shown, injections
-
-    def _join_block(self, header: str, body: str) -> str:
-        sep = "\n" if self.config.protocol == "chat" else " "
-        return f"{header}{sep}{body}" if body else header
-
-    def _join_blocks(self, blocks: list[str]) -> str:
-        return ("\n\n" if self.config.protocol == "chat" else "\n").join(blocks)
-
-    def _fit_blocks(self, blocks: list[tuple[str, str]]) -> tuple[str, list[str]]:
-        """Join document blocks within `max_observation_tokens`: whole blocks first, then a cut one.
-
-        Returns the text and the body shown of each document kept (in order)."""
-        limit = self.config.max_observation_tokens
-        full = self._join_blocks([self._join_block(h, b) for h, b in blocks])
-        if self.counter.count(full) <= limit:
-            return full, [b for _, b in blocks]
-        kept_text: list[str] = []
-        kept_bodies: list[str] = []
-        for header, body in blocks:
-            whole = self._join_block(header, body)
-            if self._fits(kept_text + [whole], limit):
-                kept_text.append(whole)
-                kept_bodies.append(body)
-                continue
-            cut = self._longest_body_that_fits(kept_text, header, body, limit)
-            if cut is not None:
-                kept_text.append(self._join_block(header, cut) if cut else header)
-                kept_bodies.append(cut)
-            break
-        return self._join_blocks(kept_text + [TRUNCATION_MARKER]), kept_bodies
-
-    def _fits(self, blocks: list[str], limit: int) -> bool:
-        return self.counter.count(self._join_blocks(blocks + [TRUNCATION_MARKER])) <= limit
-
-    def _longest_body_that_fits(self, kept: list[str], header: str, body: str, limit: int) -> str | None:
-        if not self._fits(kept + [header], limit):
-            return None
-        lo, hi = 0, self.counter.count(body)  # binary search on the number of body tokens
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if self._fits(kept + [self._join_block(header, self.counter.head(body, mid))], limit):
-                lo = mid
-            else:
-                hi = mid - 1
-        return self.counter.head(body, lo)
-
-    def _fit(self, text: str) -> str:
-        """Cut a plain observation to `max_observation_tokens`, marker included."""
-        limit = self.config.max_observation_tokens
-        if self.counter.count(text) <= limit:
-            return text
-        n = limit - self.counter.count(TRUNCATION_MARKER) - 1
-        while n > 0:
-            candidate = f"{self.counter.head(text, n)}\n{TRUNCATION_MARKER}"
-            if self.counter.count(candidate) <= limit:
-                return candidate
-            n -= 1
-        return TRUNCATION_MARKER
-
-
-def _failure_message(outcome: BatchOutcome, cfg: EnvConfig) -> str:
-    """What went wrong with the search and what the policy can do about it."""
-    detail = f" ({outcome.error})" if outcome.error else ""
-    advice = {
-        "timeout": f"the search timed out after {cfg.tool_timeout_s:g} s{detail}. Try again with a shorter, more "
-        "specific query, or answer with what you have found.",
-        "unavailable": f"the search service is unavailable{detail}. Try again later, or answer with what you "
-        "have found.",
-        "bad_request": f"the search service rejected the request{detail}. Rephrase the query with plain words.",
-        "circuit_open": f"the search service is failing repeatedly and is paused{detail}. Answer with what you "
-        "have found so far.",
-    }.get(
-        outcome.status,
-        f"the search failed{detail}. Try again with other words, or answer with what you have.",
-    )
-    return f"Error ({outcome.status}): {advice}"
-
 
 def step_batch(envs: list[SearchEnvironment], texts: list[str]) -> list[StepResult]:
     """Step every env with its turn; ONE `backend.search` per distinct (backend, k) for all rows.
 
     Searches of different (backend, k) groups run concurrently, so the whole call returns within about
-    the largest `tool_timeout_s` even when a backend hangs. Identical queries within a group are sent once.
+    the largest `search_timeout_s` even when a backend hangs. Identical queries within a group are sent once.
     """
     if len(envs) != len(texts):
         raise ValueError(
@@ -783,7 +517,7 @@ def _execute(plans: list[_Plan]) -> None:
         for slot in plan.slots:
             if slot.query is None or slot.k is None:
                 continue
-            key = (id(plan.env.guard), slot.k, cfg.tool_timeout_s, cfg.max_retries, cfg.retry_backoff_s)
+            key = (id(plan.env.guard), slot.k, cfg.search_timeout_s, cfg.max_retries, cfg.retry_backoff_s)
             guards[id(plan.env.guard)] = plan.env.guard
             groups.setdefault(key, []).append((plan.env, slot))
     flights: list[tuple[Flight, list[str], list[tuple[SearchEnvironment, _Slot]]]] = []

@@ -28,7 +28,8 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from searchrl.env.environment import EnvConfig, SearchEnvironment, TokenMeter
+from searchrl.env.config import EnvConfig
+from searchrl.env.environment import SearchEnvironment, TokenMeter
 from searchrl.search.base import Backend
 
 

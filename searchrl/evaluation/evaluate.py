@@ -33,7 +33,8 @@ from searchrl.common.io import atomic_write_json
 from searchrl.common.run import RunReader, RunTargetError
 from searchrl.common.trajectory import TERMINATION_REASONS, Trajectory, write_trajectories
 from searchrl.data.datasets import load_qa
-from searchrl.env.environment import EnvConfig, SearchEnvironment
+from searchrl.env.config import EnvConfig
+from searchrl.env.environment import SearchEnvironment
 from searchrl.rewards.citation import citation_status
 from searchrl.rewards.combine import default_rubric, load_rubric
 from searchrl.rewards.qa import exact_match, f1_score
@@ -471,23 +472,6 @@ def split_file(config: Any, split: str, data_dir: str | Path | None) -> Path:
     )
 
 
-def env_config_from_ppo(config: Any) -> Any:
-    """The `EnvConfig` a `PPOConfig` (or a `GRPORunConfig`, same field names) implies: training's environment."""
-    return config.env_config()
-
-
-def generation_config_from_ppo(config: Any) -> GenerationConfig:
-    """The rollout limits of a `PPOConfig` (or `GRPORunConfig`) as a `GenerationConfig` (temperature set by the caller)."""
-    return GenerationConfig(
-        temperature=config.temperature,
-        top_p=config.top_p,
-        top_k=config.top_k,
-        max_new_tokens_per_turn=config.max_new_tokens_per_turn,
-        max_episode_tokens=config.max_episode_tokens,
-        seed=config.seed,
-    )
-
-
 def evaluate_with_ppo_limits(
     policy: Any,
     tokenizer: Any,
@@ -502,7 +486,7 @@ def evaluate_with_ppo_limits(
     One function so that the demo, the trainer comparison and the experiments measure a final policy the
     same way (their figures sit side by side in docs/real_loop.md).
     """
-    config = dataclasses.replace(generation_config_from_ppo(ppo_config), seed=seed)
+    config = dataclasses.replace(ppo_config.generation_config(), seed=seed)
     return evaluate_policy(
         policy, tokenizer, rows, env_factory, config, rubric=rubric, batch_size=32, seed=seed
     )
@@ -514,7 +498,7 @@ def run_env_config(run_dir: str | Path | None, config: Any) -> Any:
         return load_config(EnvConfig, Path(run_dir) / "env.yaml")
     if config is None:
         return EnvConfig()
-    return env_config_from_ppo(config)
+    return config.env_config()
 
 
 def _resolve_model(
@@ -798,8 +782,8 @@ def load_policy_for_eval(reader: Any, config: Any, model_dir: Path) -> tuple[Any
 def default_generation_config(config: Any, env_cfg: Any) -> GenerationConfig:
     """The run's rollout limits, or (no run) 64 tokens a turn within the environment's token budget."""
     if config is not None:
-        return generation_config_from_ppo(config)
-    return GenerationConfig(max_new_tokens_per_turn=64, max_episode_tokens=env_cfg.max_total_tokens)
+        return config.generation_config()
+    return GenerationConfig(max_new_tokens_per_turn=64, max_episode_tokens=env_cfg.max_episode_tokens)
 
 
 def _step_of(name: str) -> int | None:

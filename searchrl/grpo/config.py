@@ -28,7 +28,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
-from searchrl.common.config import ConfigError
+from searchrl.common.config import ConfigError, help_text
 from searchrl.common.trl_args import cpu_safe_trainer_kwargs
 from searchrl.sections import (
     DataSection,
@@ -43,10 +43,6 @@ from searchrl.sections import (
 GRPO_MODES = ("trl_loop", "our_rollout")
 LOSS_TYPES = ("dapo", "grpo", "bnpo", "dr_grpo", "cispo", "sapo", "vespo", "luspo")
 SCALE_REWARDS = ("group", "batch", "none")
-
-
-def _help(text: str) -> dict[str, str]:
-    return {"help": text}
 
 
 @dataclass
@@ -65,34 +61,36 @@ class GRPORunConfig(
 
     mode: Literal["trl_loop", "our_rollout"] = field(
         default="our_rollout",
-        metadata=_help(
+        metadata=help_text(
             "'trl_loop': TRL's own tool loop over our SearchToolEnv (environment_factory); 'our_rollout': "
             "our batched rollout engine as rollout_func (one batched search per turn, no re-prefill)."
         ),
     )
     num_generations: int = field(
         default=4,
-        metadata=_help("Completions per question (the group); >= 2, divides the episodes per step."),
+        metadata=help_text("Completions per question (the group); >= 2, divides the episodes per step."),
     )
-    max_steps: int = field(default=10, metadata=_help("Optimizer steps; ignored when total_episodes is set."))
+    max_steps: int = field(
+        default=10, metadata=help_text("Optimizer steps; ignored when total_episodes is set.")
+    )
     beta: float = field(
         default=0.0,
-        metadata=_help("KL coefficient to the reference model; 0 (TRL's default) loads no reference."),
+        metadata=help_text("KL coefficient to the reference model; 0 (TRL's default) loads no reference."),
     )
-    epsilon: float = field(default=0.2, metadata=_help("Clip range of the importance ratio."))
+    epsilon: float = field(default=0.2, metadata=help_text("Clip range of the importance ratio."))
     num_iterations: int = field(
-        default=1, metadata=_help("Optimisation passes per generation batch (TRL's mu).")
+        default=1, metadata=help_text("Optimisation passes per generation batch (TRL's mu).")
     )
     loss_type: str = field(
-        default="dapo", metadata=_help(f"TRL loss aggregation; one of {list(LOSS_TYPES)}.")
+        default="dapo", metadata=help_text(f"TRL loss aggregation; one of {list(LOSS_TYPES)}.")
     )
     scale_rewards: str = field(
-        default="group", metadata=_help(f"Advantage scaling; one of {list(SCALE_REWARDS)}.")
+        default="group", metadata=help_text(f"Advantage scaling; one of {list(SCALE_REWARDS)}.")
     )
-    eval_batch_size: int = field(default=16, metadata=_help("Episodes per evaluation rollout batch."))
+    eval_batch_size: int = field(default=16, metadata=help_text("Episodes per evaluation rollout batch."))
 
     def check(self) -> None:
-        """GRPO's own fields (the sections check theirs: `searchrl.sections.check_sections`)."""
+        """GRPO's own fields (the sections check theirs: `searchrl.common.config.check_sections`)."""
         _choice(self.mode, "mode", GRPO_MODES)
         _choice(self.loss_type, "loss_type", LOSS_TYPES)
         _choice(self.scale_rewards, "scale_rewards", SCALE_REWARDS)

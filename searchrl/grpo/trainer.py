@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -50,8 +50,8 @@ from transformers.trainer_utils import TrainOutput
 from searchrl.common.config import ConfigError, save_config
 from searchrl.common.run import RunDir, build_manifest
 from searchrl.data.datasets import load_qa
-from searchrl.env.environment import EnvConfig, SearchEnvironment
-from searchrl.evaluation.evaluate import evaluate_during_training, generation_config_from_ppo
+from searchrl.env.environment import SearchEnvironment
+from searchrl.evaluation.evaluate import evaluate_during_training
 from searchrl.grpo.config import GRPORunConfig
 from searchrl.grpo.dataset import ROW_COLUMNS, prompt_dataset
 from searchrl.grpo.our_rollout import EngineRollout, EngineWeightSync
@@ -62,7 +62,6 @@ from searchrl.models.forward_patches import remove_trainer_forward_patches, shar
 from searchrl.models.tiny import load_policy, load_tokenizer
 from searchrl.rewards.combine import Rubric, default_rubric, load_rubric
 from searchrl.rollout.backends import RolloutBackend, check_backend, make_generator
-from searchrl.rollout.loop import GenerationConfig
 from searchrl.search.base import Backend
 
 try:  # TRL is a hard dependency; the import is here so the error names what to install
@@ -70,22 +69,6 @@ try:  # TRL is a hard dependency; the import is here so the error names what to 
     from trl.trainer.utils import RepeatSampler
 except ImportError as exc:  # pragma: no cover
     raise ImportError("searchrl.grpo needs trl>=1.16 (pip install 'trl>=1.16')") from exc
-
-
-# ---------------------------------------------------------------------------------------------
-# Settings shared by both modes
-# ---------------------------------------------------------------------------------------------
-
-
-def env_config_for(cfg: GRPORunConfig) -> EnvConfig:
-    """The environment of a run: its environment section's one mapping (`EnvironmentSection.env_config`)."""
-    return cfg.env_config()
-
-
-def generation_config_for(cfg: GRPORunConfig, temperature: float | None = None) -> GenerationConfig:
-    """The rollout limits of a run: `generation_config_from_ppo`, PPO's own mapping (the same sections)."""
-    config = generation_config_from_ppo(cfg)
-    return config if temperature is None else replace(config, temperature=temperature)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -280,7 +263,7 @@ def build_grpo_trainer(
     rubric = rubric if rubric is not None else default_rubric()
     run = RunDir(cfg.output_dir)
     resume_from = resume_state(cfg, run) if resume else None
-    env_config = env_config_for(cfg)
+    env_config = cfg.env_config()
 
     def search_env() -> SearchEnvironment:
         return SearchEnvironment(backend, env_config, tokenizer=tokenizer)
@@ -292,13 +275,13 @@ def build_grpo_trainer(
             engine_settings = RolloutBackend.of(cfg)
             check_backend(engine_settings)  # before TRL loads anything: vllm, CUDA, use_cpu
             generator_factory = partial(make_generator, backend=engine_settings)
-        rollout = EngineRollout(tokenizer, search_env, generation_config_for(cfg), generator_factory)
+        rollout = EngineRollout(tokenizer, search_env, cfg.generation_config(), generator_factory)
     evaluate = None
     if eval_rows and (cfg.eval_steps or cfg.eval_on_start):
         dev_rows = [
             {k: r[k] for k in ROW_COLUMNS if k in r} for r in list(eval_rows)[: cfg.num_eval_questions]
         ]
-        eval_config = generation_config_for(cfg, temperature=cfg.eval_temperature)
+        eval_config = cfg.generation_config(temperature=cfg.eval_temperature)
 
         def evaluate(model: Any) -> dict[str, float]:
             # The dev loop every trainer shares, with our engine in both modes, at eval_temperature; the run's
@@ -356,7 +339,7 @@ def build_grpo_trainer(
         build_manifest(
             seeds={"seed": cfg.seed},
             tokenizer=tokenizer,
-            generation_config=asdict(generation_config_for(cfg)),
+            generation_config=asdict(cfg.generation_config()),
             index_fingerprint=getattr(backend, "fingerprint", None),
             config=cfg,
             extra={

@@ -23,7 +23,8 @@ from typing import Any
 from transformers.utils import get_json_schema
 
 from searchrl.common.trajectory import Span, ToolCallRecord, Trajectory
-from searchrl.env.environment import EnvConfig, SearchEnvironment
+from searchrl.env.config import EnvConfig
+from searchrl.env.environment import SearchEnvironment
 from searchrl.env.protocol import parse_turn
 from searchrl.env.trl_adapter import SearchToolEnv
 from searchrl.rollout.chat import ChatTokenMeter

@@ -34,6 +34,7 @@ import math
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal, Self
 
+from searchrl.common.config import help_text, require, require_choice
 from searchrl.sections import (
     DataSection,
     EnvironmentSection,
@@ -42,18 +43,12 @@ from searchrl.sections import (
     RunSection,
     SearchSection,
     TrainingSection,
-    require,
-    require_choice,
 )
 
 # The per-token estimators `ppo.kl.kl_penalty` computes; named here so that reading a config imports no torch.
 KL_ESTIMATORS: tuple[str, ...] = ("k1", "k2", "k3")
 VALUE_MODES = ("separate", "shared_backbone")
 MIXED_PRECISION_MODES = ("no", "bf16", "fp16")
-
-
-def _help(text: str) -> dict[str, str]:
-    return {"help": text}
 
 
 @dataclass
@@ -69,41 +64,41 @@ class PPOSection(RunSection, TrainingSection):
     # --- models besides the policy ---
     ref_model_path: str | None = field(
         default=None,
-        metadata=_help(
+        metadata=help_text(
             "Local folder of the frozen reference model; null makes a frozen copy of the initial policy "
             "(with PEFT: the policy with its adapter disabled)."
         ),
     )
     value_model_path: str | None = field(
         default=None,
-        metadata=_help(
+        metadata=help_text(
             "Local folder of the critic (a sequence-classification model with a score head, as in TRL); null "
             "initialises it from reward_model_path if set, else from the policy with a zero score head."
         ),
     )
     value_mode: Literal["separate", "shared_backbone"] = field(
         default="separate",
-        metadata=_help(
+        metadata=help_text(
             '"separate": the critic is its own model (TRL\'s design); "shared_backbone": a value head on the '
             "policy's backbone (less memory, the two losses share gradients)."
         ),
     )
     reward_model_path: str | None = field(
         default=None,
-        metadata=_help(
+        metadata=help_text(
             "Local folder of a frozen reward model whose score joins the reward functions; null: none."
         ),
     )
     reward_model_weight: float = field(
-        default=1.0, metadata=_help("Weight of the reward model's score in the total score.")
+        default=1.0, metadata=help_text("Weight of the reward model's score in the total score.")
     )
     gradient_checkpointing: bool = field(
         default=False,
-        metadata=_help("Recompute activations in the backward pass of the policy to save memory."),
+        metadata=help_text("Recompute activations in the backward pass of the policy to save memory."),
     )
     mixed_precision: Literal["no", "bf16", "fp16"] = field(
         default="no",
-        metadata=_help(
+        metadata=help_text(
             'Autocast mode passed to accelerate; keep "no" on CPU (bf16 on CPU is slow and lossy).'
         ),
     )
@@ -111,90 +106,94 @@ class PPOSection(RunSection, TrainingSection):
     # --- rollout ---
     missing_eos_penalty: float | None = field(
         default=None,
-        metadata=_help(
+        metadata=help_text(
             "Subtracted from the score of an episode that did not end properly (no final answer / stop token); "
             "null: no penalty."
         ),
     )
     local_rollout_forward_batch_size: int = field(
         default=64,
-        metadata=_help("Chunk size of the no-grad forward passes (reference logprobs, values, scores)."),
+        metadata=help_text("Chunk size of the no-grad forward passes (reference logprobs, values, scores)."),
     )
 
     # --- batch arithmetic (TRL 1.12; the batch sizes are TrainingSection's) ---
     num_mini_batches: int = field(
-        default=1, metadata=_help("Mini-batches per PPO epoch; the optimizer steps once per mini-batch.")
+        default=1, metadata=help_text("Mini-batches per PPO epoch; the optimizer steps once per mini-batch.")
     )
-    num_ppo_epochs: int = field(default=4, metadata=_help("Passes of PPO updates over each rollout batch."))
+    num_ppo_epochs: int = field(
+        default=4, metadata=help_text("Passes of PPO updates over each rollout batch.")
+    )
     num_train_epochs: float = field(
-        default=3.0, metadata=_help("Passes over the training questions when total_episodes is null.")
+        default=3.0, metadata=help_text("Passes over the training questions when total_episodes is null.")
     )
 
     # --- PPO ---
     kl_coef: float = field(
         default=0.05,
-        metadata=_help(
+        metadata=help_text(
             "KL penalty coefficient beta (the initial one when kl_target is set); 0 disables the penalty."
         ),
     )
     kl_estimator: Literal["k1", "k2", "k3"] = field(
         default="k1",
-        metadata=_help(
+        metadata=help_text(
             'Per-token KL estimator in the reward: "k1" = logp - ref (unbiased, TRL default), "k2" = '
             '0.5*(logp - ref)^2, "k3" = exp(ref - logp) - (ref - logp) - 1 (unbiased, >= 0).'
         ),
     )
     kl_target: float | None = field(
         default=None,
-        metadata=_help(
+        metadata=help_text(
             "Adaptive KL (Ziegler et al. 2019): target KL in nats per trajectory (summed over action tokens, "
             "batch mean); null keeps kl_coef fixed."
         ),
     )
     kl_horizon: float = field(
-        default=10000.0, metadata=_help("Adaptive KL horizon in episodes: how slowly beta follows the error.")
+        default=10000.0,
+        metadata=help_text("Adaptive KL horizon in episodes: how slowly beta follows the error."),
     )
-    cliprange: float = field(default=0.2, metadata=_help("PPO ratio clip epsilon for the policy loss."))
+    cliprange: float = field(default=0.2, metadata=help_text("PPO ratio clip epsilon for the policy loss."))
     cliprange_value: float = field(
-        default=0.2, metadata=_help("Clip range of the value predictions around the rollout-time values.")
+        default=0.2, metadata=help_text("Clip range of the value predictions around the rollout-time values.")
     )
-    vf_coef: float = field(default=0.1, metadata=_help("Weight of the value loss in the total loss."))
-    gamma: float = field(default=1.0, metadata=_help("Discount factor over action tokens."))
-    lam: float = field(default=0.95, metadata=_help("GAE lambda over action tokens."))
+    vf_coef: float = field(default=0.1, metadata=help_text("Weight of the value loss in the total loss."))
+    gamma: float = field(default=1.0, metadata=help_text("Discount factor over action tokens."))
+    lam: float = field(default=0.95, metadata=help_text("GAE lambda over action tokens."))
     whiten_rewards: bool = field(
         default=False,
-        metadata=_help("Scale per-token rewards to unit variance (mean kept) over action tokens."),
+        metadata=help_text("Scale per-token rewards to unit variance (mean kept) over action tokens."),
     )
     whiten_advantages: bool = field(
         default=True,
-        metadata=_help("Whiten advantages to mean 0, std 1 over action tokens (TRL always did)."),
+        metadata=help_text("Whiten advantages to mean 0, std 1 over action tokens (TRL always did)."),
     )
 
     # --- optimisation besides TrainingSection's ---
     value_learning_rate: float | None = field(
-        default=None, metadata=_help("AdamW learning rate of the value model; null: learning_rate.")
+        default=None, metadata=help_text("AdamW learning rate of the value model; null: learning_rate.")
     )
-    adam_beta1: float = field(default=0.9, metadata=_help("AdamW beta1."))
-    adam_beta2: float = field(default=0.999, metadata=_help("AdamW beta2."))
+    adam_beta1: float = field(default=0.9, metadata=help_text("AdamW beta1."))
+    adam_beta2: float = field(default=0.999, metadata=help_text("AdamW beta2."))
     adam_epsilon: float = field(
-        default=1e-8, metadata=_help("AdamW epsilon (transformers' default; the N+ PPO recipe used 1e-5).")
+        default=1e-8,
+        metadata=help_text("AdamW epsilon (transformers' default; the N+ PPO recipe used 1e-5)."),
     )
 
     # --- collapse guard: bounds on the mean over the last collapse_window steps; null turns one off ---
     collapse_guard: bool = field(
         default=False,
-        metadata=_help(
+        metadata=help_text(
             "Watch entropy, KL, format validity and reward; on collapse log why, roll back to the last good "
             "checkpoint and lower the learning rate. Off by default for TRL parity, on in the shipped configs."
         ),
     )
     collapse_window: int = field(
         default=5,
-        metadata=_help("Number of recent PPO steps whose mean is compared with the collapse bounds."),
+        metadata=help_text("Number of recent PPO steps whose mean is compared with the collapse bounds."),
     )
     collapse_entropy_min: float | None = field(
         default=0.05,
-        metadata=_help(
+        metadata=help_text(
             "Collapse if the mean per-token policy entropy on action tokens (nats) falls below this, or below "
             "half the first step's entropy when the starting policy is already below it (a confident warm start "
             "is not a collapse)."
@@ -202,67 +201,68 @@ class PPOSection(RunSection, TrainingSection):
     )
     collapse_kl_max: float | None = field(
         default=30.0,
-        metadata=_help(
+        metadata=help_text(
             "Collapse if the KL to the reference (nats per trajectory, summed over action tokens) exceeds this."
         ),
     )
     collapse_format_min: float | None = field(
         default=None,
-        metadata=_help(
+        metadata=help_text(
             "Collapse if the mean format-validity reward (share of well-formed episodes) falls below this "
             "absolute value. Off by default: a weak warm start may begin below any useful absolute bound."
         ),
     )
     collapse_format_drop: float | None = field(
         default=0.3,
-        metadata=_help(
+        metadata=help_text(
             "Collapse if the windowed mean format validity falls this far (absolute) below its value at the "
             "run's first step (the warm start's own level, kept in checkpoints)."
         ),
     )
     collapse_reward_drop: float | None = field(
         default=0.5,
-        metadata=_help(
+        metadata=help_text(
             "Collapse if the windowed mean score falls this far (absolute) below the best one so far."
         ),
     )
     collapse_lr_decay: float = field(
         default=0.5,
-        metadata=_help("Multiply the policy and value learning rates by this after each rollback."),
+        metadata=help_text("Multiply the policy and value learning rates by this after each rollback."),
     )
     collapse_max_rollbacks: int = field(
-        default=3, metadata=_help("Stop the run with an error after this many rollbacks instead of looping.")
+        default=3,
+        metadata=help_text("Stop the run with an error after this many rollbacks instead of looping."),
     )
 
     # --- computed by finalize(); values given in YAML are overwritten ---
-    world_size: int | None = field(default=None, metadata=_help("Computed: number of processes."))
+    world_size: int | None = field(default=None, metadata=help_text("Computed: number of processes."))
     local_batch_size: int | None = field(
-        default=None, metadata=_help("Computed: episodes per process per PPO step.")
+        default=None, metadata=help_text("Computed: episodes per process per PPO step.")
     )
     micro_batch_size: int | None = field(
-        default=None, metadata=_help("Computed: episodes per micro-batch over all processes.")
+        default=None, metadata=help_text("Computed: episodes per micro-batch over all processes.")
     )
     batch_size: int | None = field(
-        default=None, metadata=_help("Computed: episodes per PPO step, all processes.")
+        default=None, metadata=help_text("Computed: episodes per PPO step, all processes.")
     )
     local_mini_batch_size: int | None = field(
-        default=None, metadata=_help("Computed: episodes per mini-batch on each process.")
+        default=None, metadata=help_text("Computed: episodes per mini-batch on each process.")
     )
     mini_batch_size: int | None = field(
-        default=None, metadata=_help("Computed: episodes per mini-batch over all processes.")
+        default=None, metadata=help_text("Computed: episodes per mini-batch over all processes.")
     )
     micro_batches_per_mini_batch: int | None = field(
         default=None,
-        metadata=_help(
+        metadata=help_text(
             "Computed: micro-batches accumulated into one optimizer step (accelerate's accumulation)."
         ),
     )
     num_total_batches: int | None = field(
-        default=None, metadata=_help("Computed: PPO steps in the run (= max_steps).")
+        default=None, metadata=help_text("Computed: PPO steps in the run (= max_steps).")
     )
 
     def check(self) -> None:
-        """PPO's own fields; the sections check theirs (`searchrl.sections.check_sections`)."""
+        """PPO's own fields; the sections check theirs (`searchrl.common.config.check_sections`)."""
         self._check_choices()
         self._check_ppo_ranges()
         self._check_optimisation()
@@ -429,5 +429,5 @@ class PPOSection(RunSection, TrainingSection):
 class PPOConfig(PPOSection, GenerationSection, EnvironmentSection, SearchSection, DataSection, ModelSection):
     """All settings of `searchrl train`, flat as in TRL: the shared sections plus `PPOSection`.
 
-    Constructing it checks every section's fields, then PPO's own (`searchrl.sections.check_sections`).
+    Constructing it checks every section's fields, then PPO's own (`searchrl.common.config.check_sections`).
     """

@@ -54,7 +54,7 @@ from searchrl.common.clock import TrainingClock
 from searchrl.common.health import likelihood_metrics
 from searchrl.common.run import BestCheckpoint, Cadence, RunDir
 from searchrl.common.trajectory import Trajectory
-from searchrl.evaluation.evaluate import evaluate_during_training, generation_config_from_ppo
+from searchrl.evaluation.evaluate import evaluate_during_training
 from searchrl.ppo import checkpointing
 from searchrl.ppo.advantages import (
     apply_missing_eos_penalty,
@@ -176,7 +176,7 @@ class PPOTrainer:
         self.kl_ctl = make_kl_controller(args.kl_coef, args.kl_target, args.kl_horizon)
 
         # --- rollout engine ----------------------------------------------------------------------------
-        self.generation_config = generation_config_from_ppo(args)  # the one mapping eval and GRPO use too
+        self.generation_config = args.generation_config()  # the one mapping eval and GRPO use too
         # `rollout_backend`: HF, or vLLM (checked first: a ConfigError saying how to fix it).
         if generator_factory is None:
             generator_factory = partial(make_generator, backend=RolloutBackend.of(args, self.uses_deepspeed))

@@ -23,7 +23,6 @@ reward model "updates with its own loss, and in online PPO is frozen and only gi
 from __future__ import annotations
 
 import itertools
-import math
 import os
 import random
 import tempfile
@@ -35,9 +34,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from searchrl.common.config import ConfigError
+from searchrl.common.config import ConfigError, help_text
 from searchrl.common.io import read_jsonl
-from searchrl.common.trl_args import cpu_safe_trainer_kwargs, schedule_kwargs
+from searchrl.common.trl_args import ScheduleSection, cpu_safe_trainer_kwargs
 from searchrl.rewards.citation import citation_status
 from searchrl.rewards.combine import default_rubric
 from searchrl.rewards.qa import exact_match
@@ -312,48 +311,32 @@ def load_preference_dataset(path: str | Path) -> Any:
 
 
 @dataclass
-class RewardModelConfig:
-    """Settings of reward-model training (fields become TRL `RewardConfig` arguments)."""
+class RewardModelConfig(ScheduleSection):
+    """Settings of reward-model training: its schedule (`ScheduleSection`), then TRL `RewardConfig`'s own."""
 
-    output_dir: str = field(
-        default="", metadata={"help": "Trainer scratch directory; empty = a temporary directory."}
-    )
-    learning_rate: float = field(default=1e-3, metadata={"help": "Peak learning rate (AdamW)."})
-    num_train_epochs: float = field(default=3.0, metadata={"help": "Passes over the training pairs."})
-    max_steps: int = field(default=-1, metadata={"help": "Optimizer steps; > 0 overrides num_train_epochs."})
-    per_device_train_batch_size: int = field(default=8, metadata={"help": "Pairs per micro-batch."})
-    per_device_eval_batch_size: int = field(default=16, metadata={"help": "Pairs per evaluation batch."})
-    gradient_accumulation_steps: int = field(default=1, metadata={"help": "Micro-batches per step."})
-    warmup_ratio: float = field(default=0.05, metadata={"help": "Share of steps with linear LR warm-up."})
-    lr_scheduler_type: str = field(default="linear", metadata={"help": "transformers scheduler name."})
-    weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay."})
+    per_device_eval_batch_size: int = field(default=16, metadata=help_text("Pairs per evaluation batch."))
     max_length: int | None = field(
-        default=2048, metadata={"help": "Pairs with a side longer than this are dropped (TRL filters)."}
+        default=2048, metadata=help_text("Pairs with a side longer than this are dropped (TRL filters).")
     )
     center_rewards_coefficient: float | None = field(
-        default=None, metadata={"help": "Weight of mean((r_c + r_r)^2); TRL recommends 0.01; None = off."}
+        default=None, metadata=help_text("Weight of mean((r_c + r_r)^2); TRL recommends 0.01; None = off.")
     )
     use_margin: bool = field(
         default=False,
-        metadata={"help": "Use the rule-reward difference as the BT margin (trajectory pairs)."},
+        metadata=help_text("Use the rule-reward difference as the BT margin (trajectory pairs)."),
     )
     eval_fraction: float = field(
-        default=0.2, metadata={"help": "Share of questions held out to report pairwise accuracy."}
+        default=0.2, metadata=help_text("Share of questions held out to report pairwise accuracy.")
     )
-    logging_steps: int = field(default=1, metadata={"help": "Log the loss every this many steps."})
-    seed: int = field(default=0, metadata={"help": "Seed of the data order and the held-out split."})
 
-    def __post_init__(self) -> None:
-        if self.learning_rate <= 0 or not math.isfinite(self.learning_rate):
-            raise ConfigError(f"learning_rate: must be a positive number, got {self.learning_rate}")
-        if self.max_steps <= 0 and self.num_train_epochs <= 0:
-            raise ConfigError(
-                "set num_train_epochs > 0 or max_steps > 0: there is nothing to train otherwise"
-            )
+    def check(self) -> None:
+        """Its own fields (the schedule's are checked first: `check_sections`)."""
         if not 0.0 <= self.eval_fraction < 1.0:
             raise ConfigError(f"eval_fraction: must be in [0, 1), got {self.eval_fraction}")
-        if self.per_device_train_batch_size < 1 or self.per_device_eval_batch_size < 1:
-            raise ConfigError("batch sizes must be >= 1")
+        if self.per_device_eval_batch_size < 1:
+            raise ConfigError(
+                f"per_device_eval_batch_size: must be >= 1, got {self.per_device_eval_batch_size}"
+            )
 
 
 @dataclass
@@ -370,7 +353,7 @@ def _reward_config(config: RewardModelConfig, output_dir: str) -> Any:
 
     return RewardConfig(
         output_dir=output_dir,
-        **schedule_kwargs(config),
+        **config.training_arguments(),
         per_device_eval_batch_size=config.per_device_eval_batch_size,
         max_length=config.max_length,
         center_rewards_coefficient=config.center_rewards_coefficient,

@@ -39,11 +39,12 @@ import torch
 from datasets import Dataset
 from transformers import PreTrainedModel, PreTrainedTokenizerBase, PrinterCallback, TrainerCallback
 
-from searchrl.common.config import ConfigError
+from searchrl.common.config import ConfigError, help_text
 from searchrl.common.io import atomic_write_json
 from searchrl.common.trajectory import Trajectory, write_trajectories
-from searchrl.common.trl_args import cpu_safe_trainer_kwargs, schedule_kwargs
-from searchrl.env.environment import EnvConfig, SearchEnvironment
+from searchrl.common.trl_args import ScheduleSection, cpu_safe_trainer_kwargs
+from searchrl.env.config import EnvConfig
+from searchrl.env.environment import SearchEnvironment
 from searchrl.env.protocol import parse_turn
 from searchrl.models.forward_patches import remove_trainer_forward_patches
 from searchrl.models.tiny import (
@@ -64,90 +65,68 @@ logger = logging.getLogger("searchrl.sft")
 
 
 @dataclass
-class SFTWarmStartConfig:
-    """Optimisation settings of the SFT warm start (fields become TRL `SFTConfig` arguments)."""
+class SFTWarmStartConfig(ScheduleSection):
+    """Settings of the SFT warm start: its schedule (`ScheduleSection`), then SFT's own (TRL `SFTConfig`)."""
 
-    output_dir: str = field(
-        default="", metadata={"help": "Trainer scratch directory; empty = a temporary directory."}
-    )
-    learning_rate: float = field(default=1e-3, metadata={"help": "Peak learning rate (AdamW)."})
-    num_train_epochs: float = field(default=3.0, metadata={"help": "Passes over the demonstrations."})
-    max_steps: int = field(default=-1, metadata={"help": "Optimizer steps; > 0 overrides num_train_epochs."})
-    per_device_train_batch_size: int = field(default=8, metadata={"help": "Trajectories per micro-batch."})
-    gradient_accumulation_steps: int = field(
-        default=1, metadata={"help": "Micro-batches per optimizer step."}
-    )
-    warmup_ratio: float = field(default=0.05, metadata={"help": "Share of steps with linear LR warm-up."})
+    # SFT's default schedule is cosine, and it also knows warmup_stable_decay (with decay_ratio).
     lr_scheduler_type: str = field(
         default="cosine",
-        metadata={
-            "help": "transformers scheduler name: cosine, linear, constant, warmup_stable_decay (constant after "
-            "the warm-up, then decay_ratio of the steps decaying to 5%), ..."
-        },
+        metadata=help_text(
+            "transformers scheduler name: cosine, linear, constant, warmup_stable_decay (constant after the "
+            "warm-up, then decay_ratio of the steps decaying to 5%), ..."
+        ),
     )
     decay_ratio: float = field(
-        default=0.2, metadata={"help": "Share of the steps that decay, with warmup_stable_decay."}
+        default=0.2, metadata=help_text("Share of the steps that decay, with warmup_stable_decay.")
     )
-    weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay."})
-    max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient clipping norm."})
+    max_grad_norm: float = field(default=1.0, metadata=help_text("Gradient clipping norm."))
     max_length: int = field(
         default=2048,
-        metadata={"help": "Longest example in tokens; longer trajectories are cut at the end (keep_start)."},
+        metadata=help_text("Longest example in tokens; longer trajectories are cut at the end (keep_start)."),
     )
-    logging_steps: int = field(default=1, metadata={"help": "Log the loss every this many steps."})
-    seed: int = field(default=0, metadata={"help": "Seed of data order and any random state."})
     num_threads: int = field(
-        default=0, metadata={"help": "torch CPU threads while training; 0 leaves torch's setting alone."}
+        default=0, metadata=help_text("torch CPU threads while training; 0 leaves torch's setting alone.")
     )
     first_turn_steps: int = field(
         default=0,
-        metadata={
-            "help": "Curriculum: optimizer steps on first turns alone (the prompt and the first action, a short "
+        metadata=help_text(
+            "Curriculum: optimizer steps on first turns alone (the prompt and the first action, a short "
             "example) before the whole demonstrations; 0 = none. See the module docstring."
-        },
+        ),
     )
     first_turn_batch_size: int = field(
-        default=64, metadata={"help": "Examples per optimizer step of the first-turn curriculum."}
+        default=64, metadata=help_text("Examples per optimizer step of the first-turn curriculum.")
     )
     answer_turn_steps: int = field(
         default=0,
-        metadata={
-            "help": "Curriculum, after the first-turn phase: optimizer steps on whole contexts with labels on the "
+        metadata=help_text(
+            "Curriculum, after the first-turn phase: optimizer steps on whole contexts with labels on the "
             "answer turn only (copying the answer out of an observation); 0 = none."
-        },
+        ),
     )
     answer_turn_batch_size: int = field(
-        default=32, metadata={"help": "Examples per optimizer step of the answer-turn curriculum."}
+        default=32, metadata=help_text("Examples per optimizer step of the answer-turn curriculum.")
     )
     trl_loss: bool = field(
         default=True,
-        metadata={
-            "help": "TRL's own loss (a chunked log-prob kernel plus token statistics). False: a plain causal-LM "
+        metadata=help_text(
+            "TRL's own loss (a chunked log-prob kernel plus token statistics). False: a plain causal-LM "
             "loss (LM head in float32 at the labelled positions): the same loss and gradients on a batch "
             "(tested) and about 40% faster per CPU step. The demo uses it, with enough steps at the stable "
             "learning rate for the copy circuit to form (docs/demo.md: the recipe)."
-        },
+        ),
     )
     bf16: bool = field(
         default=False,
-        metadata={
-            "help": "bfloat16 autocast (weights stay float32); about 1.3x faster on CPUs with AVX-512 BF16."
-        },
+        metadata=help_text(
+            "bfloat16 autocast (weights stay float32); about 1.3x faster on CPUs with AVX-512 BF16."
+        ),
     )
 
-    def __post_init__(self) -> None:
-        if self.learning_rate <= 0 or not math.isfinite(self.learning_rate):
-            raise ConfigError(f"learning_rate: must be a positive number, got {self.learning_rate}")
-        if self.per_device_train_batch_size < 1 or self.gradient_accumulation_steps < 1:
-            raise ConfigError("per_device_train_batch_size and gradient_accumulation_steps must be >= 1")
-        if self.max_steps <= 0 and self.num_train_epochs <= 0:
-            raise ConfigError(
-                "set num_train_epochs > 0 or max_steps > 0: there is nothing to train otherwise"
-            )
+    def check(self) -> None:
+        """Its own fields (the schedule's are checked first: `check_sections`)."""
         if self.max_length < 8:
             raise ConfigError(f"max_length: must be >= 8 tokens, got {self.max_length}")
-        if not 0.0 <= self.warmup_ratio < 1.0:
-            raise ConfigError(f"warmup_ratio: must be in [0, 1), got {self.warmup_ratio}")
         if not 0.0 < self.decay_ratio <= 1.0:
             raise ConfigError(f"decay_ratio: must be in (0, 1], got {self.decay_ratio}")
         if self.first_turn_steps < 0 or self.first_turn_batch_size < 1:
@@ -268,7 +247,7 @@ def _sft_config(config: SFTWarmStartConfig, output_dir: str, num_examples: int =
         scheduler_kwargs = {"num_decay_steps": decay, "min_lr_ratio": 0.05, "decay_type": "linear"}
     return SFTConfig(
         output_dir=output_dir,
-        **schedule_kwargs(config),
+        **config.training_arguments(),
         lr_scheduler_kwargs=scheduler_kwargs,
         max_grad_norm=config.max_grad_norm,
         # Our examples are already ids + labels: no re-tokenising, no truncation, no label rebuilding.

@@ -104,7 +104,8 @@ def make_trainer(
     """A PPOTrainer on the tiny world with `SearchThenAnswer` forcing; `steps` PPO steps of `batch_size`."""
     from worlds import TINY_TWO_LAYERS
 
-    from searchrl.env.environment import EnvConfig, SearchEnvironment
+    from searchrl.env.config import EnvConfig
+    from searchrl.env.environment import SearchEnvironment
     from searchrl.models.tiny import build_policy
     from searchrl.ppo.config import PPOConfig
     from searchrl.ppo.trainer import PPOTrainer
