@@ -46,6 +46,7 @@ from searchrl.common.trl_args import cpu_safe_trainer_kwargs, schedule_kwargs
 from searchrl.env.environment import EnvConfig, SearchEnvironment
 from searchrl.env.protocol import parse_turn
 from searchrl.models.forward_patches import remove_trainer_forward_patches
+from searchrl.models.io import save_model_dir
 from searchrl.models.tiny import (
     TinyModelConfig,
     build_policy,
@@ -518,8 +519,7 @@ def run_warm_start_pipeline(
         demos.extend(expert.demonstrate(policy, tokenizer, envs, chunk))
     write_trajectories(out / "demonstrations.jsonl.gz", demos)
     outcome = run_sft(policy, tokenizer, demos, config.train)
-    outcome.policy.save_pretrained(str(out / "model"))
-    tokenizer.save_pretrained(str(out / "model"))
+    save_model_dir(outcome.policy, tokenizer, out / "model")
     kinds: dict[str, int] = {}
     for d in demos:
         kinds[str(d.metadata.get("expert_kind"))] = kinds.get(str(d.metadata.get("expert_kind")), 0) + 1
