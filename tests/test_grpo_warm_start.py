@@ -15,7 +15,7 @@ import pytest
 from worlds import GrpoWorld
 
 from searchrl.common.config import ConfigError, load_config
-from searchrl.demo.pipeline import DemoConfig, smoke_config
+from searchrl.demo.configs import DemoConfig, smoke_config
 from searchrl.evaluation.evaluate import generation_config_from_ppo
 from searchrl.grpo.config import GRPORunConfig
 from searchrl.grpo.trainer import generation_config_for

@@ -260,6 +260,12 @@ def _steps_of(config: SFTWarmStartConfig, num_examples: int) -> int:
     return max(1, math.ceil(per_epoch * config.num_train_epochs))
 
 
+def sft_total_steps(config: SFTWarmStartConfig, num_examples: int) -> int:
+    """The optimizer steps `run_sft` takes on `num_examples` demonstrations: the curriculum's phases
+    (`first_turn_steps`, `answer_turn_steps`) and the whole-demonstration phase (a progress bar's total)."""
+    return _steps_of(config, num_examples) + config.first_turn_steps + config.answer_turn_steps
+
+
 def _sft_config(config: SFTWarmStartConfig, output_dir: str, num_examples: int = 0) -> Any:
     from trl import SFTConfig  # TRL's trainer modules (and the report_to integrations): ~1 s, at training
 
