@@ -242,6 +242,7 @@ def smoke_config(out_dir: str = "runs/demo-smoke", seed: int = 0) -> DemoConfig:
 
 
 def check_demo_config(cfg: DemoConfig) -> None:
+    """Refuse settings the synthetic demo's stages cannot honour, before anything is written."""
     if cfg.expert.k != cfg.environment.topk:
         raise ConfigError(
             f"expert.k={cfg.expert.k} but environment.topk={cfg.environment.topk}: the demonstrations would show "
