@@ -17,7 +17,10 @@ from searchrl.rollout.generator import GenerationConfig, HFGenerator
 from searchrl.search.base import Hit
 from searchrl.sft.forcing import BaselineForcing, baseline_forcing, question_query
 
-DOCS = [("d1", "Glass Harbor", "Glass Harbor is a film shot in Veland."), ("d2", "Veland", "Veland is a land.")]
+DOCS = [
+    ("d1", "Glass Harbor", "Glass Harbor is a film shot in Veland."),
+    ("d2", "Veland", "Veland is a land."),
+]
 ROWS = [
     {"id": "q1", "question": "Where was   Glass Harbor shot?", "golds": ["Veland"]},
     {"id": "q2", "question": "What is Veland?", "golds": ["a land"]},
@@ -105,7 +108,9 @@ def test_forced_turns_in_a_real_rollout(tok: Any, protocol: str) -> None:
             assert actions[0] == format_search_r1_call(query)
         else:
             assert actions[0].startswith(format_tool_call("search", {"query": query}))
-        call = traj.tool_calls[0]  # the search ran with the environment's top-k and found the title's document
+        call = traj.tool_calls[
+            0
+        ]  # the search ran with the environment's top-k and found the title's document
         assert call.status == "ok" and call.arguments == {"query": query, "k": 1} and call.doc_ids
         assert actions[1].startswith(ANSWER_OPEN)
     for traj in rollout("closed_book"):
