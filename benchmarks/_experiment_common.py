@@ -41,7 +41,7 @@ from typing import Any
 
 from searchrl.common.config import load_config
 from searchrl.common.io import atomic_write_json, read_jsonl
-from searchrl.demo.pipeline import DemoConfig
+from searchrl.demo.configs import DemoConfig
 from searchrl.ppo.config import PPOConfig
 
 # A job's completion marker: written last, so a directory without it holds an unfinished run.

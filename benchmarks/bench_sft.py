@@ -29,7 +29,7 @@ def measure(run: Path, steps: int, batch: int, trl_loss: bool, bf16: bool, threa
 
     from searchrl.common.config import load_config
     from searchrl.common.trajectory import read_trajectories
-    from searchrl.demo.pipeline import DemoConfig
+    from searchrl.demo.configs import DemoConfig
     from searchrl.models.tiny import build_policy, load_tokenizer
     from searchrl.sft.warm_start import run_sft
 

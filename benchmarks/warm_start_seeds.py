@@ -31,7 +31,7 @@ from searchrl.common.config import load_config  # noqa: E402
 
 
 def demo_config(seed: int, out_dir: Path, overrides: dict[str, Any]) -> Any:
-    from searchrl.demo.pipeline import DemoConfig
+    from searchrl.demo.configs import DemoConfig
 
     cfg = load_config(DemoConfig, None, overrides) if overrides else DemoConfig()
     return dataclasses.replace(cfg, seed=seed, out_dir=str(out_dir), progress_bar=False)
@@ -107,8 +107,11 @@ def query_copy(trajs: list[Any], rows: list[dict[str, Any]]) -> float:
 def worker(spec: dict[str, Any]) -> dict[str, Any]:
     import torch
 
-    from searchrl.demo.pipeline import StageClock, check_demo_config, prepare_world
+    from searchrl.demo.configs import check_demo_config
+    from searchrl.demo.pipeline import prepare_world
+    from searchrl.demo.stages import StageRunner
     from searchrl.evaluation.evaluate import evaluate_with_ppo_limits
+    from searchrl.models.io import save_model_dir
     from searchrl.rewards.combine import default_rubric
     from searchrl.sft.warm_start import run_sft
 
@@ -116,8 +119,8 @@ def worker(spec: dict[str, Any]) -> dict[str, Any]:
     cfg = demo_config(spec["seed"], out, spec["overrides"])
     check_demo_config(cfg)
     torch.manual_seed(cfg.seed)
-    clock = StageClock(False)
-    world = prepare_world(cfg, out, clock)
+    runner = StageRunner(False)
+    world = prepare_world(cfg, out, runner)
     sft_cfg = dataclasses.replace(cfg.sft, seed=cfg.seed, output_dir=str(out / "sft" / "trainer"))
     probes: list[dict[str, Any]] = []
     callbacks = []
@@ -126,8 +129,7 @@ def worker(spec: dict[str, Any]) -> dict[str, Any]:
     t0 = time.perf_counter()
     sft = run_sft(world.policy, world.tokenizer, world.demos, sft_cfg, callbacks=callbacks)
     sft_seconds = time.perf_counter() - t0
-    sft.policy.save_pretrained(out / "sft" / "policy")
-    world.tokenizer.save_pretrained(out / "sft" / "policy")
+    save_model_dir(sft.policy, world.tokenizer, out / "sft" / "policy")
     dev = world.dev_rows[: spec["dev_questions"]]
     result = evaluate_with_ppo_limits(
         sft.policy,
@@ -149,7 +151,7 @@ def worker(spec: dict[str, Any]) -> dict[str, Any]:
         **two_word_copy(result.trajectories),
         "query_copy": query_copy(result.trajectories, dev),
         "sft_seconds": round(sft_seconds, 1),
-        "expert_seconds": clock.timings.get("expert"),
+        "expert_seconds": runner.timings.get("expert"),
         "final_loss": sft.losses[-1] if sft.losses else None,
         "losses": sft.losses,
         "probes": probes,
@@ -182,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if not args.out:
         parser.error("--out is required: the directory the experiment writes")
-    from searchrl.demo.pipeline import DemoConfig
+    from searchrl.demo.configs import DemoConfig
     from searchrl.ppo.commands import parse_set_options
 
     overrides = parse_set_options(args.sets)

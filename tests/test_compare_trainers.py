@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from searchrl.common.config import load_config
-from searchrl.demo.pipeline import run_demo, smoke_config
+from searchrl.demo.configs import smoke_config
+from searchrl.demo.pipeline import run_demo
 from searchrl.grpo.config import GRPORunConfig
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"

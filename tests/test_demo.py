@@ -102,7 +102,8 @@ def test_smoke_demo_writes_the_run_artifacts(smoke_run: Path) -> None:
 
 def test_demo_refuses_mismatched_expert_and_search_depth_before_writing_anything(tmp_path: Path) -> None:
     from searchrl.common.config import ConfigError
-    from searchrl.demo.pipeline import run_demo, smoke_config
+    from searchrl.demo.configs import smoke_config
+    from searchrl.demo.pipeline import run_demo
 
     out = tmp_path / "run"
     cfg = smoke_config(out_dir=str(out))
@@ -115,7 +116,7 @@ def test_demo_refuses_mismatched_expert_and_search_depth_before_writing_anything
 def test_a_partial_section_in_a_demo_yaml_keeps_the_demo_s_other_settings(tmp_path: Path) -> None:
     """`sft: {trl_loss: false}` changes that one field; the rest stays the demo's, not the class defaults."""
     from searchrl.common.config import ConfigError, load_config
-    from searchrl.demo.pipeline import DemoConfig
+    from searchrl.demo.configs import DemoConfig
 
     path = tmp_path / "demo.yaml"
     path.write_text("sft:\n  trl_loss: false\nppo:\n  kl_coef: 0.1\nexpert:\n  noise: 0.3\n")
@@ -195,7 +196,7 @@ SMOKE_CHANGES = {
 @pytest.mark.parametrize("which", ["demo", "smoke"])
 def test_the_demo_stages_keep_their_settings(which: str) -> None:
     """The PPO stage, the environment of every stage, the expert and SFT: the values the demo always had."""
-    from searchrl.demo.pipeline import DemoConfig, smoke_config
+    from searchrl.demo.configs import DemoConfig, smoke_config
     from searchrl.env.config import EnvConfig
 
     cfg = DemoConfig() if which == "demo" else smoke_config()
@@ -231,7 +232,7 @@ def test_the_demo_stages_keep_their_settings(which: str) -> None:
 def test_a_shared_setting_under_ppo_is_refused_with_its_section(tmp_path: Path) -> None:
     """Each setting lives in one part of the demo YAML: `ppo: {max_turns: 3}` says where max_turns belongs."""
     from searchrl.common.config import ConfigError, load_config
-    from searchrl.demo.pipeline import DemoConfig
+    from searchrl.demo.configs import DemoConfig
 
     path = tmp_path / "demo.yaml"
     path.write_text("ppo:\n  kl_coef: 0.1\n  max_turns: 3\n")

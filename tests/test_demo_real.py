@@ -25,16 +25,9 @@ from searchrl.cli import app
 from searchrl.common.config import ConfigError, load_config
 from searchrl.common.trajectory import read_trajectories
 from searchrl.data.realqa import build_realqa
-from searchrl.demo.real import (
-    BASELINE_FILES,
-    RealDemoConfig,
-    RealGenerator,
-    check_real_config,
-    import_base,
-    is_real_demo_yaml,
-    run_real_demo,
-    toy_real_config,
-)
+from searchrl.demo.baselines import BASELINE_FILES, RealGenerator
+from searchrl.demo.configs import RealDemoConfig, check_real_config, is_real_demo_yaml, toy_real_config
+from searchrl.demo.real import import_base, run_real_demo
 from searchrl.env.config import EnvConfig
 from searchrl.env.environment import SearchEnvironment
 from searchrl.env.protocol import format_search_r1_call
@@ -44,7 +37,8 @@ from searchrl.rewards.citation import citation_status
 from searchrl.rewards.qa import contains_answer
 from searchrl.rollout.generator import GenerationConfig
 from searchrl.search.index import build_index
-from searchrl.sft.real_expert import RealExpert, RealExpertConfig, question_query
+from searchrl.sft.forcing import baseline_forcing, question_query
+from searchrl.sft.real_expert import RealExpert, RealExpertConfig
 from searchrl.sft.warm_start import sft_example
 
 pytestmark = pytest.mark.slow
@@ -218,7 +212,7 @@ def _write_jsonl(path: Path, rows: list[dict]) -> None:
 
 def test_eval_of_the_lora_run_on_unseen_data_from_another_directory(toy_run, tmp_path, monkeypatch):
     from searchrl.common.run import RunReader
-    from searchrl.demo.real import real_generator_factory
+    from searchrl.demo.baselines import real_generator_factory
     from searchrl.evaluation.evaluate import evaluate_run, load_policy_for_eval
 
     fresh = tmp_path / "fresh"
@@ -325,9 +319,17 @@ def test_baselines_force_their_turns(toy_run, tok):
     gen = RealGenerator(None, tok, GenerationConfig(), baseline="zero_shot")
     row = {"question": "Who wrote it?"}
     env = SimpleNamespace(config=EnvConfig(protocol="search_r1"))
-    assert gen.baseline is None and gen._forced_turns([env], [row]) == [[]]
-    rag = RealGenerator(None, tok, GenerationConfig(), baseline="naive_rag")._forced_turns([env], [row])
-    assert [tok.decode(t) for t in rag[0]] == ["<search>Who wrote it?</search>", "<answer>"]
+    assert gen.baseline is None and baseline_forcing(gen.baseline, tok, [env], [row]) is None
+    rag = baseline_forcing(
+        RealGenerator(None, tok, GenerationConfig(), baseline="naive_rag").baseline, tok, [env], [row]
+    )
+    forced = []
+    for turn in range(2):
+        ids: list[int] = []
+        while (token := rag(0, turn, len(ids))) is not None:
+            ids.append(token)
+        forced.append(ids)
+    assert [tok.decode(t) for t in forced] == ["<search>Who wrote it?</search>", "<answer>"]
 
 
 # -- the real expert -------------------------------------------------------------------------------------------

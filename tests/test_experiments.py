@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from searchrl.demo.pipeline import run_demo, smoke_config
+from searchrl.demo.configs import smoke_config
+from searchrl.demo.pipeline import run_demo
 from searchrl.evaluation.audit import audit_run
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"

@@ -15,7 +15,7 @@ import pytest
 from worlds import GrpoWorld
 
 from searchrl.common.config import ConfigError, load_config
-from searchrl.demo.pipeline import DemoConfig, smoke_config
+from searchrl.demo.configs import DemoConfig, smoke_config
 from searchrl.grpo.config import GRPORunConfig
 from searchrl.grpo.warm_start import train_grpo_from_warm_start
 from searchrl.ppo.config import PPOConfig

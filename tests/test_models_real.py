@@ -39,6 +39,7 @@ from searchrl.models.gguf_tokenizer import (
     restore_smollm_pretokenizer,
     tool_chat_template,
 )
+from searchrl.models.io import STAGING_MARK
 from searchrl.models.tiny import load_policy, load_tokenizer
 from searchrl.rollout.chat import ToolGlue, inline_observation_ids, prompt_ids, render_conversation
 from searchrl.rollout.generator import GenerationConfig, HFGenerator, ScriptedPolicy, sampling_log_probs
@@ -92,7 +93,7 @@ def test_import_writes_a_directory_that_transformers_and_searchrl_load(imported,
         MANIFEST_NAME,
     ):
         assert (out / name).is_file(), name
-    assert not [p for p in out.parent.iterdir() if ".importing-" in p.name]  # the staging dir was renamed
+    assert not [p for p in out.parent.iterdir() if STAGING_MARK in p.name]  # the staging dir was renamed
     plain = AutoModelForCausalLM.from_pretrained(str(out), local_files_only=True)
     assert type(plain).__name__ == type(real.model).__name__ == "LlamaForCausalLM"
     assert (

@@ -108,7 +108,7 @@ def test_bad_input_gets_a_clear_error(setup):
 
 def test_shipped_ppo_config_matches_the_demo_ppo_stage():
     """configs/ppo_tiny.yaml says it runs the demo's PPO stage by hand: the same environment and budgets."""
-    from searchrl.demo.pipeline import DemoConfig
+    from searchrl.demo.configs import DemoConfig
 
     shipped = load_config(PPOConfig, SHIPPED)
     demo = DemoConfig().ppo_config()

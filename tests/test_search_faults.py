@@ -6,8 +6,11 @@ import time
 
 import pytest
 
-from searchrl.search.base import SearchError, SearchTimeout, SearchUnavailable
-from searchrl.search.faults import FaultInjectingBackend
+from searchrl.env.config import EnvConfig
+from searchrl.env.environment import SearchEnvironment
+from searchrl.env.protocol import format_answer, format_tool_call
+from searchrl.search.base import Backend, SearchError, SearchTimeout, SearchUnavailable
+from searchrl.search.faults import FaultInjectingBackend, FindsNothing
 
 QUERIES = ["rivers", "capital of Veland", "Glass Harbor film", "Quell Brask"]
 
@@ -84,3 +87,17 @@ def test_bad_rates_are_rejected(toy_bm25):
         FaultInjectingBackend(toy_bm25, drop_rate=1.5)
     with pytest.raises(ValueError, match=">= 0"):
         FaultInjectingBackend(toy_bm25, latency_ms=-1)
+
+
+def test_finds_nothing_is_a_backend_whose_searches_find_no_document() -> None:
+    backend = FindsNothing()
+    assert isinstance(backend, Backend) and backend.fingerprint == "finds-nothing"
+    assert backend.search(QUERIES, 5) == [[], [], [], []] and backend.search([], 3) == []
+    # Through the environment (the closed-book evaluation): the call succeeds, shows nothing, nothing is read.
+    env = SearchEnvironment(backend, EnvConfig())
+    env.reset({"id": "q1", "question": "Where is Glass Harbor?", "golds": ["Veland"]})
+    result = env.step(format_tool_call("search", {"query": "Glass Harbor"}))
+    assert result.records[0].status == "ok" and result.records[0].doc_ids == []
+    assert result.tool_messages[0]["content"].startswith('No documents found for "Glass Harbor".')
+    final = env.step(format_answer("Veland", []))
+    assert final.termination == "answered" and env.retrieved == {}

@@ -47,8 +47,8 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Run the offline demo: synthesise the task, index it, build and warm-start the tiny model, PPO, evaluate."""
         # Every stage's libraries (torch, trl, bm25s, ...): loaded when the demo runs, not for --help.
-        from searchrl.demo.pipeline import DemoConfig, run_demo, smoke_config
-        from searchrl.demo.real import is_real_demo_yaml
+        from searchrl.demo.configs import DemoConfig, is_real_demo_yaml, smoke_config
+        from searchrl.demo.pipeline import run_demo
 
         if real or (config is not None and is_real_demo_yaml(config)):
             if compare_grpo:
@@ -90,7 +90,8 @@ def _with_options(cfg: Any, out: str | None, seed: int | None, quiet: bool, **mo
 
 def _run_real(config: Path | None, smoke: bool, out: str | None, seed: int | None, quiet: bool) -> None:
     """The real loop (`searchrl.demo.real`): load or build its config, run it, print the headline JSON."""
-    from searchrl.demo.real import RealDemoConfig, run_real_demo, toy_real_config  # torch, trl, peft, bm25s
+    from searchrl.demo.configs import RealDemoConfig, toy_real_config  # torch, trl, peft, bm25s
+    from searchrl.demo.real import run_real_demo
 
     if config is not None:
         try:

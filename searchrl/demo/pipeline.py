@@ -2,7 +2,8 @@
 
 "First close the loop on an offline verifiable search task at small scale, check trajectory boundaries,
 reward placement and advantage masks by eye, and use an independent evaluation to tell real progress
-from reward hacking." Stages, each with a progress line and its wall-clock time:
+from reward hacking." Stages, each through the demos' stage runner (`searchrl.demo.stages`: a progress line,
+wall and CPU seconds, peak RSS):
 
   1. data      synthesise the world, its corpus and the train / dev / test questions
   2. index     build the BM25 index over the corpus
@@ -38,300 +39,43 @@ the first hop on most two-hop questions and answers the bridge entity (`ExpertCo
 ``one_hop``), so the warm start copies that habit (greedy decoding follows the majority); the complete
 two-hop demonstrations keep the second search within the policy's reach, and PPO's reward finds it.
 
-Everything is generated or built here; nothing is downloaded.
+The settings are `searchrl.demo.configs.DemoConfig` (beside the real loop's); the summary's per-stage entries
+come from `searchrl.demo.summary`, as the real loop's do. Everything is generated or built here; nothing is
+downloaded.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import resource
 import sys
-import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from rich.console import Console
 
-from searchrl.common.config import ConfigError, save_config
+from searchrl.common.config import save_config
 from searchrl.common.io import atomic_write_json, write_jsonl
 from searchrl.common.run import build_manifest
 from searchrl.common.trajectory import write_trajectories
-from searchrl.data.synthetic import SIZE_PRESETS, generate, practice_world, preset_config
+from searchrl.data.synthetic import generate, practice_world, preset_config
+from searchrl.demo.configs import DemoConfig, check_demo_config
+from searchrl.demo.stages import StageProgress, StageRunner
+from searchrl.demo.summary import headline, stage_figures
 from searchrl.env.environment import SearchEnvironment
-from searchrl.evaluation import HEADLINE_METRICS
 from searchrl.evaluation.evaluate import evaluate_with_ppo_limits
 from searchrl.evaluation.report import write_report
 from searchrl.grpo.warm_start import final_policy_dir, train_grpo_from_warm_start
-from searchrl.models.tiny import (
-    TinyModelConfig,
-    build_policy,
-    load_policy,
-    tokenizer_training_texts,
-    train_tokenizer,
-)
-from searchrl.ppo.config import PPOConfig, PPOSection
+from searchrl.models.io import save_model_dir
+from searchrl.models.tiny import build_policy, load_policy, tokenizer_training_texts, train_tokenizer
 from searchrl.ppo.trainer import PPOTrainer
 from searchrl.rewards.combine import default_rubric
+from searchrl.search.faults import FindsNothing
 from searchrl.search.index import build_index
-from searchrl.sections import EnvironmentSection, GenerationSection, with_sections_of
-from searchrl.sft.expert import ExpertConfig, ExpertPolicy
-from searchrl.sft.warm_start import SFTWarmStartConfig, prompt_texts, run_sft
-
-# A short instruction: the tiny model learns the protocol from demonstrations, not from prose; every token
-# of the prompt costs time in every episode.
-DEMO_SYSTEM_PROMPT = "Answer the question; search with tool calls."
-
-
-def _model_default() -> TinyModelConfig:
-    return TinyModelConfig(
-        hidden_size=128,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=384,
-    )
-
-
-def _environment_default() -> EnvironmentSection:
-    return EnvironmentSection(
-        max_turns=4,
-        max_tool_calls=3,
-        topk=1,  # one document per search: the tiny model reads only what its query found (Search-R1: 3)
-        max_observation_tokens=96,
-        tool_schema_in_prompt=False,  # compact prompts for the tiny model
-        citation_style="number",  # cite [1], [2] (one token) rather than d000411 (seven tokens)
-        system_prompt=DEMO_SYSTEM_PROMPT,
-        max_new_tokens_per_turn=40,
-        max_episode_tokens=400,
-    )
-
-
-def _ppo_default() -> PPOSection:
-    return PPOSection(
-        output_dir="runs/demo/ppo",  # the demo writes its PPO run to <out_dir>/ppo
-        learning_rate=3e-5,
-        value_learning_rate=3e-4,
-        per_device_train_batch_size=16,
-        gradient_accumulation_steps=2,
-        num_mini_batches=2,
-        num_ppo_epochs=2,
-        total_episodes=640,
-        kl_coef=0.02,
-        save_steps=10,
-        eval_steps=5,
-        eval_on_start=True,  # the warm start is the first point of the dev curve
-        num_eval_questions=32,
-        collapse_guard=True,
-    )
-
-
-@dataclass
-class DemoConfig:
-    """Every knob of the demo; `--smoke` shrinks sizes to a toy run of the same stages."""
-
-    out_dir: str = field(default="runs/demo", metadata={"help": "Run directory the demo writes."})
-    seed: int = field(default=0, metadata={"help": "Seed of data, models, rollouts and training."})
-    size: str = field(
-        default="small", metadata={"help": f"Synthetic task size preset: {list(SIZE_PRESETS)}."}
-    )
-    train_questions: int = field(
-        default=600, metadata={"help": "Train questions (SFT demos come from these)."}
-    )
-    test_questions: int = field(default=100, metadata={"help": "Hidden test questions evaluated."})
-    vocab_size: int = field(
-        default=4096,
-        metadata={
-            "help": "BPE vocabulary of the tokenizer trained on the task (4096: every word one token)."
-        },
-    )
-    practice_worlds: int = field(
-        default=31,
-        metadata={
-            "help": "Practice worlds demonstrated for SFT (the world's name words, other facts, no dev/test "
-            "entity); 0 = demonstrate the world's own train questions only. 31 worlds of 500 questions: "
-            "each whole demonstration is seen about once in SFT, so copying, not recall, lowers the loss."
-        },
-    )
-    practice_questions: int = field(
-        default=500, metadata={"help": "Train questions demonstrated per practice world."}
-    )
-    num_threads: int = field(default=2, metadata={"help": "torch CPU threads."})
-    model: TinyModelConfig = field(default_factory=_model_default, metadata={"help": "Tiny policy shape."})
-    expert: ExpertConfig = field(
-        default_factory=lambda: ExpertConfig(noise=0.65, k=1, noise_kinds=["one_hop"]),
-        metadata={
-            "help": "Expert demonstrations; `noise` is the share of imperfect ones (room left for RL). k must "
-            "equal the PPO stage's topk."
-        },
-    )
-    sft: SFTWarmStartConfig = field(
-        default_factory=lambda: SFTWarmStartConfig(
-            learning_rate=3e-3,
-            # After the first-turn phase: 1,300 optimizer steps in all. The copy circuit (answer and citation
-            # read out of the observation) forms after about 300-400 whole-demonstration steps at the stable
-            # learning rate; a schedule that starts decaying before that ends with a model that recalls
-            # instead of copying (docs/demo.md: the recipe).
-            max_steps=1000,
-            per_device_train_batch_size=32,
-            warmup_ratio=0.02,
-            lr_scheduler_type="warmup_stable_decay",
-            decay_ratio=0.25,
-            first_turn_steps=300,
-            first_turn_batch_size=64,
-            bf16=True,
-            trl_loss=False,
-            logging_steps=25,
-        ),
-        metadata={"help": "SFT warm start optimisation (first-turn curriculum, then whole demonstrations)."},
-    )
-    environment: EnvironmentSection = field(
-        default_factory=_environment_default,
-        metadata={
-            "help": "The episode of every stage: expert demonstrations, SFT's prompts, PPO (and GRPO) training "
-            "and every evaluation (protocol, prompt, citations, turns, searches, top-k, token budgets)."
-        },
-    )
-    generation: GenerationSection = field(
-        default_factory=lambda: GenerationSection(temperature=1.0),
-        metadata={"help": "Sampling of training rollouts and evaluations (PPO, GRPO and every evaluation)."},
-    )
-    ppo: PPOSection = field(
-        default_factory=_ppo_default,
-        metadata={
-            "help": "PPO stage: PPO's own fields, its batch, optimiser and evaluation cadence (output_dir, seed "
-            "and progress_bar are the demo's). The episode and sampling are environment: and generation:."
-        },
-    )
-    compare_grpo: bool = field(
-        default=False,
-        metadata={
-            "help": "After PPO, also train GRPO (TRL's tool loop and our rollout engine) from the same warm start "
-            "with the PPO stage's settings and episode budget, evaluate each on the test split, and draw the "
-            "three side by side in report.html (about 90 s more on 2 cores)."
-        },
-    )
-    progress_bar: bool = field(default=True, metadata={"help": "Show a progress line per stage."})
-
-    def ppo_config(self) -> PPOConfig:
-        """The PPO stage's settings (`stage_ppo_config`): what PPO trains with and every evaluation's limits."""
-        return stage_ppo_config(self)
-
-
-def stage_ppo_config(cfg: Any) -> PPOConfig:
-    """A demo's PPO stage: its `ppo` part with its `environment` and `generation`, run directory and seed.
-
-    One `PPOConfig` for training, every evaluation's limits, and the GRPO runs that copy their shared sections
-    from it (`compare_grpo`); the real-model demo builds its stage the same way.
-    """
-    return with_sections_of(
-        PPOConfig,
-        cfg.ppo,
-        cfg.environment,
-        cfg.generation,
-        output_dir=str(Path(cfg.out_dir) / "ppo"),
-        run_name=cfg.ppo.run_name,
-        seed=cfg.seed,
-        progress_bar=cfg.progress_bar,
-    )
-
-
-def smoke_config(out_dir: str = "runs/demo-smoke", seed: int = 0) -> DemoConfig:
-    """The same stages at toy size (CI and tests): a few dozen questions, a very small model."""
-    cfg = DemoConfig(
-        out_dir=out_dir,
-        seed=seed,
-        size="tiny",
-        train_questions=48,
-        test_questions=16,
-        vocab_size=700,
-        practice_worlds=1,
-        practice_questions=24,
-    )
-    cfg.model = TinyModelConfig(
-        hidden_size=48,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        intermediate_size=96,
-    )
-    cfg.sft = SFTWarmStartConfig(
-        learning_rate=3e-3,
-        num_train_epochs=2,
-        per_device_train_batch_size=8,
-        logging_steps=2,
-        first_turn_steps=2,
-        first_turn_batch_size=8,
-    )
-    cfg.environment = dataclasses.replace(
-        _environment_default(), max_new_tokens_per_turn=32, max_episode_tokens=300
-    )
-    cfg.ppo = dataclasses.replace(
-        _ppo_default(),
-        per_device_train_batch_size=8,
-        gradient_accumulation_steps=1,
-        num_mini_batches=1,
-        num_ppo_epochs=1,
-        total_episodes=16,
-        save_steps=1,
-        eval_steps=1,
-        num_eval_questions=8,
-        collapse_guard=False,  # a toy warm start is too weak for absolute format bounds
-    )
-    return cfg
-
-
-class StageClock:
-    """Prints one line per stage (name, seconds) and keeps the timings for the summary."""
-
-    def __init__(self, show: bool):
-        self.show = show
-        self.timings: dict[str, float] = {}
-
-        self.console = Console(stderr=True)
-
-    def run(self, name: str, fn: Callable[[], Any]) -> Any:
-        start = time.perf_counter()
-        if self.show:
-            with self.console.status(f"[bold]{name}[/bold] ..."):
-                out = fn()
-        else:
-            out = fn()
-        self.timings[name] = round(time.perf_counter() - start, 2)
-        if self.show:
-            self.console.print(f"[green]✓[/green] {name:<10} {self.timings[name]:>7.1f} s")
-        return out
-
-
-def peak_rss_mb() -> float:
-    """Peak resident memory of this process (Linux reports ru_maxrss in KiB)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-
-
-def _eval_split(policy, tok, rows, env_factory, cfg: DemoConfig, rubric) -> tuple[dict, list]:
-    stage = cfg.ppo_config()
-    result = evaluate_with_ppo_limits(policy, tok, rows, env_factory, stage, rubric=rubric, seed=cfg.seed)
-    return result.summary, result.trajectories
-
-
-class FindsNothing:
-    """A search engine that returns no document: the closed-book evaluation (what the policy knows alone)."""
-
-    fingerprint = "finds-nothing"
-
-    def search(self, queries: list[str], k: int) -> list[list[Any]]:
-        return [[] for _ in queries]
-
-
-def _headline(summary: dict) -> dict[str, float]:
-    keys = HEADLINE_METRICS
-    out = {k: summary[k] for k in keys if k in summary}
-    out["ci95"] = {k: summary["ci95"][k] for k in keys if k in summary.get("ci95", {})}
-    out["by_hops"] = {h: {k: g[k] for k in keys if k in g} for h, g in summary.get("by_hops", {}).items()}
-    return out
+from searchrl.sft.expert import ExpertPolicy
+from searchrl.sft.warm_start import prompt_texts, run_sft, sft_total_steps
 
 
 @dataclass
@@ -352,16 +96,12 @@ class DemoWorld:
     def env_factory(self) -> SearchEnvironment:
         return SearchEnvironment(self.backend, self.env_config, tokenizer=self.tokenizer)
 
-
-def check_demo_config(cfg: DemoConfig) -> None:
-    if cfg.expert.k != cfg.environment.topk:
-        raise ConfigError(
-            f"expert.k={cfg.expert.k} but environment.topk={cfg.environment.topk}: the demonstrations would show "
-            "a different number of documents per search than training and evaluation; set them equal"
-        )
+    def closed_book_env(self) -> SearchEnvironment:
+        """The same environment with a search engine that finds nothing (the leak check)."""
+        return SearchEnvironment(FindsNothing(), self.env_config, tokenizer=self.tokenizer)
 
 
-def prepare_world(cfg: DemoConfig, out: Path, clock: StageClock) -> DemoWorld:
+def prepare_world(cfg: DemoConfig, out: Path, runner: StageRunner) -> DemoWorld:
     """Stages 1-4: data, index, tokenizer and policy, expert demonstrations (written under `out`)."""
     data_dir = out / "data"
 
@@ -371,13 +111,13 @@ def prepare_world(cfg: DemoConfig, out: Path, clock: StageClock) -> DemoWorld:
         task.write(data_dir)
         return task
 
-    task = clock.run("data", make_data)
+    task = runner.run("data", make_data)
     train_rows = task.splits["train"][: cfg.train_questions]
     test_rows = task.splits["test"][: cfg.test_questions]
     dev_rows = task.splits["dev"]
 
     # 2. index -----------------------------------------------------------------------------------
-    backend = clock.run(
+    backend = runner.run(
         "index", lambda: build_index(data_dir / "corpus.jsonl", out / "index", overwrite=True)
     )
     backend.search(["warm up"], 1)  # compile the numba scorer before any deadline runs
@@ -393,10 +133,10 @@ def prepare_world(cfg: DemoConfig, out: Path, clock: StageClock) -> DemoWorld:
         policy = build_policy(tok, cfg.model)
         return tok, policy
 
-    tok, policy = clock.run("models", make_models)
+    tok, policy = runner.run("models", make_models)
 
     # 4. expert demonstrations: the world's train questions, then each practice world's ----------------
-    def make_demos():
+    def make_demos(progress: StageProgress) -> list:
         expert = ExpertPolicy(cfg.expert)
 
         def demonstrate(rows: list[dict], make_env: Callable[[], SearchEnvironment]) -> list:
@@ -404,6 +144,7 @@ def prepare_world(cfg: DemoConfig, out: Path, clock: StageClock) -> DemoWorld:
             for i in range(0, len(rows), 64):
                 chunk = rows[i : i + 64]
                 demos.extend(expert.demonstrate(None, tok, [make_env() for _ in chunk], chunk))
+            progress.advance(1)  # one world demonstrated
             return demos
 
         demos = demonstrate(train_rows, lambda: SearchEnvironment(backend, env_config, tokenizer=tok))
@@ -421,91 +162,73 @@ def prepare_world(cfg: DemoConfig, out: Path, clock: StageClock) -> DemoWorld:
         write_trajectories(out / "sft" / "expert.jsonl.gz", demos)
         return demos
 
-    demos = clock.run("expert", make_demos)
+    demos = runner.run_with_progress("expert", make_demos, total=1 + cfg.practice_worlds)
     return DemoWorld(task, train_rows, dev_rows, test_rows, backend, tok, policy, demos, env_config)
 
 
 def run_demo(cfg: DemoConfig) -> dict[str, Any]:
     """Run every stage; returns the summary written to `<out_dir>/summary.json`."""
     check_demo_config(cfg)
-    t_start = time.perf_counter()
+    runner = StageRunner(cfg.progress_bar)
     torch.set_num_threads(cfg.num_threads)
     torch.manual_seed(cfg.seed)
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     save_config(cfg, out / "demo_config.yaml")
-    clock = StageClock(cfg.progress_bar)
-    world = prepare_world(cfg, out, clock)
-    tok, policy, demos, backend = world.tokenizer, world.policy, world.demos, world.backend
-    train_rows, dev_rows, test_rows = world.train_rows, world.dev_rows, world.test_rows
-    env_config, env_factory = world.env_config, world.env_factory
+    world = prepare_world(cfg, out, runner)
+    tok, demos = world.tokenizer, world.demos
+    rubric = default_rubric()
+
+    def evaluate(stage: str, policy: Any, env_factory: Callable[[], SearchEnvironment]) -> tuple[dict, list]:
+        """Stage `stage`: `policy` on the hidden test split, greedy, with the PPO stage's limits."""
+        return runner.run_with_progress(
+            stage,
+            lambda progress: _evaluate_test_split(cfg, policy, world, env_factory, rubric, progress),
+            total=len(world.test_rows),
+        )
 
     # 5. SFT warm start ------------------------------------------------------------------------------
     sft_cfg = dataclasses.replace(cfg.sft, seed=cfg.seed, output_dir=str(out / "sft" / "trainer"))
-    sft = clock.run("sft", lambda: run_sft(policy, tok, demos, sft_cfg))
-    sft_dir = out / "sft" / "policy"
-    sft.policy.save_pretrained(sft_dir)
-    tok.save_pretrained(sft_dir)
-    rubric = default_rubric()
-
-    # 6. evaluate the warm start on the hidden test split ---------------------------------------------
-    sft_summary, sft_trajs = clock.run(
-        "eval sft", lambda: _eval_split(sft.policy, tok, test_rows, env_factory, cfg, rubric)
+    sft = runner.run_with_progress(
+        "sft",
+        lambda progress: run_sft(world.policy, tok, demos, sft_cfg, callbacks=[progress.trainer_callback()]),
+        total=sft_total_steps(sft_cfg, len(demos)),
     )
+    sft_dir = save_model_dir(sft.policy, tok, out / "sft" / "policy")
+
+    # 6. evaluate the warm start on the hidden test split, and closed-book (the leak check) ---------------
+    sft_summary, sft_trajs = evaluate("eval sft", sft.policy, world.env_factory)
     atomic_write_json(out / "eval" / "sft-test.json", sft_summary)
     write_trajectories(out / "eval" / "sft-test.jsonl.gz", sft_trajs)
-
-    def closed_book_env() -> SearchEnvironment:
-        return SearchEnvironment(FindsNothing(), env_config, tokenizer=tok)
-
-    closed_summary, _ = clock.run(
-        "closed book", lambda: _eval_split(sft.policy, tok, test_rows, closed_book_env, cfg, rubric)
-    )
+    closed_summary, _ = evaluate("closed book", sft.policy, world.closed_book_env)
     atomic_write_json(out / "eval" / "sft-test-closed-book.json", closed_summary)
 
     # 7. PPO from the warm start -----------------------------------------------------------------------
     ppo_args = cfg.ppo_config()
-
-    def train_ppo():
-        trainer = PPOTrainer(
-            ppo_args,
-            tok,
-            sft.policy,
-            None,
-            None,
-            train_rows,
-            reward_funcs=rubric,
-            environment=env_factory,
-            eval_dataset=dev_rows,
-        )
-        trainer.train()
-        return trainer
-
-    trainer = clock.run("ppo", train_ppo)
+    trainer = runner.run_with_progress(
+        "ppo", lambda progress: _train_ppo(ppo_args, world, sft.policy, rubric, progress)
+    )
 
     # 8. evaluate PPO on the same split -----------------------------------------------------------------
-    ppo_summary, ppo_trajs = clock.run(
-        "eval ppo", lambda: _eval_split(trainer.policy, tok, test_rows, env_factory, cfg, rubric)
-    )
+    ppo_summary, ppo_trajs = evaluate("eval ppo", trainer.policy, world.env_factory)
     atomic_write_json(out / "eval" / "ppo-test.json", ppo_summary)
     write_trajectories(out / "eval" / "ppo-test.jsonl.gz", ppo_trajs)
 
     # 9. summary and report ---------------------------------------------------------------------------
     summary: dict[str, Any] = {
         "sft": {
-            "test": _headline(sft_summary),
-            "closed_book_test": _headline(closed_summary),
+            "test": headline(sft_summary),
+            "closed_book_test": headline(closed_summary),
             "final_loss": sft.losses[-1] if sft.losses else None,
         },
-        "ppo": {"test": _headline(ppo_summary), "steps": trainer.global_step, "episodes": trainer.episode},
-        "stages_seconds": clock.timings,
-        "wall_seconds": round(time.perf_counter() - t_start, 1),
-        "peak_rss_mb": round(peak_rss_mb(), 1),
+        "ppo": {"test": headline(ppo_summary), "steps": trainer.global_step, "episodes": trainer.episode},
+        **stage_figures(runner),
+        **runner.totals(),
         "num_demonstrations": len(demos),
         "practice_worlds": cfg.practice_worlds,
-        "test_questions": len(test_rows),
+        "test_questions": len(world.test_rows),
         "manifest": build_manifest(
-            seeds={"seed": cfg.seed}, tokenizer=tok, index_fingerprint=backend.fingerprint
+            seeds={"seed": cfg.seed}, tokenizer=tok, index_fingerprint=world.backend.fingerprint
         ),
     }
     summary["improvement_exact_match"] = (
@@ -517,46 +240,93 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
     if cfg.compare_grpo:
         compare = {"PPO": out / "ppo"}
         for mode, label in GRPO_LABELS.items():
-            policy_dir = clock.run(
+            policy_dir = runner.run_with_progress(
                 f"grpo {mode}",
-                lambda mode=mode: _train_grpo(
-                    mode, sft_dir, tok, train_rows, dev_rows, backend, rubric, out, ppo_args
+                lambda progress, mode=mode: _train_grpo(
+                    mode, sft_dir, world, rubric, out, ppo_args, progress
                 ),
             )
-            grpo_policy = load_policy(policy_dir)
-            grpo_summary, _ = clock.run(
-                f"eval grpo {mode}",
-                lambda p=grpo_policy: _eval_split(p, tok, test_rows, env_factory, cfg, rubric),
-            )
+            grpo_summary, _ = evaluate(f"eval grpo {mode}", load_policy(policy_dir), world.env_factory)
             atomic_write_json(out / f"grpo_{mode}" / "eval" / "test-final.json", grpo_summary)
-            summary[f"grpo_{mode}"] = {"test": _headline(grpo_summary)}
+            summary[f"grpo_{mode}"] = {"test": headline(grpo_summary)}
             compare[label] = out / f"grpo_{mode}"
     atomic_write_json(out / "summary.json", summary)
-    clock.run("report", lambda: _write_report(out, summary, compare))
-    summary["wall_seconds"] = round(time.perf_counter() - t_start, 1)
-    summary["peak_rss_mb"] = round(peak_rss_mb(), 1)
+    runner.run("report", lambda: _write_report(out, summary, compare))
+    summary.update(stage_figures(runner), **runner.totals())
     atomic_write_json(out / "summary.json", summary)
     return summary
+
+
+def _evaluate_test_split(
+    cfg: DemoConfig,
+    policy: Any,
+    world: DemoWorld,
+    env_factory: Callable[[], SearchEnvironment],
+    rubric: Any,
+    progress: StageProgress,
+) -> tuple[dict, list]:
+    """The demo's held-out measurement (`evaluate_with_ppo_limits`); (summary, trajectories)."""
+    result = evaluate_with_ppo_limits(
+        policy,
+        world.tokenizer,
+        world.test_rows,
+        env_factory,
+        cfg.ppo_config(),
+        rubric=rubric,
+        seed=cfg.seed,
+        progress=progress.evaluation_hook(),
+    )
+    return result.summary, result.trajectories
+
+
+def _train_ppo(
+    ppo_args: Any, world: DemoWorld, policy: Any, rubric: Any, progress: StageProgress
+) -> PPOTrainer:
+    """PPO from the warm start on the train split, evaluated on dev (critic from the SFT backbone)."""
+    trainer = PPOTrainer(
+        # The stage runner draws this stage's bar (through the callback): PPO's own bar stays off.
+        dataclasses.replace(ppo_args, progress_bar=False),
+        world.tokenizer,
+        policy,
+        None,
+        None,
+        world.train_rows,
+        reward_funcs=rubric,
+        environment=world.env_factory,
+        eval_dataset=world.dev_rows,
+        callbacks=[progress.trainer_callback()],
+    )
+    trainer.train()
+    return trainer
 
 
 GRPO_LABELS = {"trl_loop": "GRPO (TRL loop)", "our_rollout": "GRPO (our rollout)"}
 
 
-def _train_grpo(mode, sft_dir, tok, train_rows, dev_rows, backend, rubric, out, ppo_args) -> Path:
+def _train_grpo(
+    mode: str,
+    sft_dir: Path,
+    world: DemoWorld,
+    rubric: Any,
+    out: Path,
+    ppo_args: Any,
+    progress: StageProgress,
+) -> Path:
     """GRPO from the SFT directory with every section it shares with PPO taken from the PPO stage."""
     # transformers prints its end-of-training metrics dict on stdout; the demo's stdout is its JSON headline.
     with contextlib.redirect_stdout(sys.stderr):
         run_dir = train_grpo_from_warm_start(
             sft_dir,
-            tok,
-            train_rows,
-            dev_rows,
-            backend,
+            world.tokenizer,
+            world.train_rows,
+            world.dev_rows,
+            world.backend,
             rubric,
             mode=mode,
             total_episodes=int(ppo_args.total_episodes),
             out_dir=out / f"grpo_{mode}",
             ppo_config=ppo_args,
+            callbacks=[progress.trainer_callback()],
         )
     return final_policy_dir(run_dir)
 

@@ -300,6 +300,7 @@ def evaluate_policy(
     n_resamples: int = DEFAULT_BOOTSTRAP,
     generator_factory: GeneratorFactory | None = None,
     decode_greedy: bool = True,
+    progress: Callable[[int], None] | None = None,
 ) -> EvalResult:
     """Roll the policy out on `rows` (greedy by default) and summarise the trajectories.
 
@@ -311,6 +312,7 @@ def evaluate_policy(
     since questions of a batch decode together) and the batch index. `generator_factory(model,
     tokenizer, config)` swaps the rollout engine (tests force scripted turns through it; the PPO trainer
     passes its own, e.g. vLLM). The chunk of rows starting at index i samples with seed `seed + i`.
+    `progress(n)` is called after each chunk with its number of questions (a progress bar's hook).
     """
     rows = [dict(r) for r in rows]
     if not rows:
@@ -325,6 +327,8 @@ def evaluate_policy(
         trajectories.extend(
             _evaluate_chunk(policy, tokenizer, chunk, env_factory, config, make_generator, seed + start)
         )
+        if progress is not None:
+            progress(len(chunk))
     if rubric is not None:
         for traj in trajectories:
             rubric.score(traj)
@@ -480,6 +484,7 @@ def evaluate_with_ppo_limits(
     ppo_config: Any,
     rubric: Any = None,
     seed: int = 0,
+    progress: Callable[[int], None] | None = None,
 ) -> EvalResult:
     """The demo's held-out measurement: greedy, with the PPO stage's rollout limits, 32 questions a batch.
 
@@ -488,7 +493,15 @@ def evaluate_with_ppo_limits(
     """
     config = dataclasses.replace(ppo_config.generation_config(), seed=seed)
     return evaluate_policy(
-        policy, tokenizer, rows, env_factory, config, rubric=rubric, batch_size=32, seed=seed
+        policy,
+        tokenizer,
+        rows,
+        env_factory,
+        config,
+        rubric=rubric,
+        batch_size=32,
+        seed=seed,
+        progress=progress,
     )
 
 

@@ -26,6 +26,7 @@ from searchrl.common.run import BestCheckpoint, Cadence, RunDir
 from searchrl.grpo.config import GRPORunConfig
 from searchrl.grpo.our_rollout import EngineRollout
 from searchrl.grpo.reward import RubricReward
+from searchrl.models.io import save_model_dir
 
 if TYPE_CHECKING:
     from searchrl.grpo.trainer import SearchGRPOTrainer
@@ -171,10 +172,9 @@ class RunDirCallback(TrainerCallback):
 
     def _fill_checkpoint(self, folder: Path, step: int) -> None:
         model = self._model()
-        model.save_pretrained(folder / "policy")
         trainer = self.trainer
         assert trainer is not None
-        trainer.processing_class.save_pretrained(folder / "policy")
+        save_model_dir(model, trainer.processing_class, folder / "policy")
         trl_dir = folder / "trl"
         trl_dir.mkdir()
         # transformers' own pieces of `Trainer._save_checkpoint`, minus the weights (saved above, once). Private

@@ -1,26 +1,27 @@
-"""searchrl.models: the tiny offline model (tokenizer trained on the task, tiny Qwen2 policy/value) and
-loaders that take any local model directory.
+"""searchrl.models: the tiny offline model (tokenizer trained on the task, tiny Qwen2 policy/value), loaders
+that take any local model directory, and the one atomic saver of model directories (`save_model_dir`).
 
-Names are imported lazily from `searchrl.models.tiny` (torch, transformers and trl), so that importing a
-light submodule such as the `searchrl models` commands loads none of them.
+Names are imported lazily from `searchrl.models.tiny` (torch, transformers and trl) and `searchrl.models.io`,
+so that importing a light submodule such as the `searchrl models` commands loads none of them.
 """
 
 from __future__ import annotations
 
 from searchrl.common.lazy import lazy_attributes
 
+_TINY = (
+    "TinyModelConfig",
+    "build_policy",
+    "build_value_model",
+    "load_policy",
+    "load_tokenizer",
+    "load_value_model",
+    "tokenizer_training_texts",
+    "train_tokenizer",
+)
 _EXPORTS = {
-    name: "searchrl.models.tiny"
-    for name in (
-        "TinyModelConfig",
-        "build_policy",
-        "build_value_model",
-        "load_policy",
-        "load_tokenizer",
-        "load_value_model",
-        "tokenizer_training_texts",
-        "train_tokenizer",
-    )
+    **{name: "searchrl.models.tiny" for name in _TINY},
+    "save_model_dir": "searchrl.models.io",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -21,7 +21,6 @@ half-written model behind.
 
 from __future__ import annotations
 
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +32,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from searchrl.common.io import atomic_write_json
 from searchrl.common.run import RunReader
 from searchrl.models.adapter import adapter_base_dir, load_adapter_policy, recorded_base
+from searchrl.models.io import staged_model_dir, write_model_files
 
 MANIFEST_NAME = "export_manifest.json"
 DTYPES: dict[str, torch.dtype | None] = {
@@ -141,38 +141,35 @@ def export_checkpoint(
     if target is not None:
         model = model.to(target)
     model.eval()
-    tmp = out.with_name(f".{out.name}.export-tmp")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    model.save_pretrained(tmp, safe_serialization=True)
-    tokenizer.save_pretrained(tmp)
-    check: dict[str, Any] = {"verified": False}
-    if verify:
-        reloaded = AutoModelForCausalLM.from_pretrained(tmp, local_files_only=True, dtype=model.dtype).eval()
-        diff = float((_probe_logits(reloaded, tokenizer) - _probe_logits(model, tokenizer)).abs().max())
-        limit = tolerance if tolerance is not None else (1e-4 if model.dtype == torch.float32 else 5e-2)
-        check = {"verified": True, "probe": PROBE_TEXT, "max_abs_logit_diff": diff, "tolerance": limit}
-        if not diff <= limit:
-            shutil.rmtree(tmp)
-            raise ExportError(
-                f"the written folder's logits differ from the model by {diff:.3g} (> {limit:g}); nothing was written "
-                "to --out. Try --dtype keep, or report this with the checkpoint"
-            )
-    manifest = {
-        "run": str(root),
-        "trainer": reader.trainer,
-        "checkpoint": name,
-        "source": str(policy_dir),
-        "lora_merged": merged,
-        "base_model": None if base_dir is None else str(base_dir),
-        "dtype": str(model.dtype).replace("torch.", ""),
-        "parameters": int(sum(p.numel() for p in model.parameters())),
-        "architecture": (model.config.architectures or [type(model).__name__])[0],
-        "check": check,
-        "seconds": round(time.perf_counter() - started, 3),
-    }
-    atomic_write_json(tmp / MANIFEST_NAME, manifest)
-    if out.exists():
-        shutil.rmtree(out)
-    tmp.rename(out)
+    with staged_model_dir(out) as staged:  # a failed check below leaves nothing at --out
+        write_model_files(model, tokenizer, staged)
+        check = _verify(staged, model, tokenizer, tolerance) if verify else {"verified": False}
+        manifest = {
+            "run": str(root),
+            "trainer": reader.trainer,
+            "checkpoint": name,
+            "source": str(policy_dir),
+            "lora_merged": merged,
+            "base_model": None if base_dir is None else str(base_dir),
+            "dtype": str(model.dtype).replace("torch.", ""),
+            "parameters": int(sum(p.numel() for p in model.parameters())),
+            "architecture": (model.config.architectures or [type(model).__name__])[0],
+            "check": check,
+            "seconds": round(time.perf_counter() - started, 3),
+        }
+        atomic_write_json(staged / MANIFEST_NAME, manifest)
     return ExportResult(out, manifest)
+
+
+def _verify(folder: Path, model: Any, tokenizer: Any, tolerance: float | None) -> dict[str, Any]:
+    """The written `folder` loaded back: its logits on the probe text against `model`'s (ExportError above
+    the tolerance)."""
+    reloaded = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True, dtype=model.dtype).eval()
+    diff = float((_probe_logits(reloaded, tokenizer) - _probe_logits(model, tokenizer)).abs().max())
+    limit = tolerance if tolerance is not None else (1e-4 if model.dtype == torch.float32 else 5e-2)
+    if not diff <= limit:
+        raise ExportError(
+            f"the written folder's logits differ from the model by {diff:.3g} (> {limit:g}); nothing was written "
+            "to --out. Try --dtype keep, or report this with the checkpoint"
+        )
+    return {"verified": True, "probe": PROBE_TEXT, "max_abs_logit_diff": diff, "tolerance": limit}

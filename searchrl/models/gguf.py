@@ -30,9 +30,7 @@ import importlib.metadata
 import json
 import os
 import resource
-import shutil
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict
@@ -57,6 +55,7 @@ from searchrl.models.gguf_tokenizer import (
     restore_smollm_pretokenizer,
     tool_chat_template,
 )
+from searchrl.models.io import staged_model_dir, write_model_files
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -193,8 +192,7 @@ def import_gguf(
     n_params = sum(p.numel() for p in model.parameters())
 
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out_path.name}.importing-", dir=out_path.parent))
-    try:
+    with staged_model_dir(out_path) as staging:  # renamed to out_path at the end; removed if the import fails
         timed("save", f"saving the model ({dtype}) and tokenizer", lambda: _save(model, tokenizer, staging))
         manifest: dict[str, Any] = {
             "source": {
@@ -244,24 +242,17 @@ def import_gguf(
         }
         (staging / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
         _default_permissions(staging)
-        if out_path.exists():
-            shutil.rmtree(out_path)
-        os.replace(staging, out_path)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     return manifest
 
 
 def _save(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, path: Path) -> None:
-    model.save_pretrained(str(path))
     for how_it_was_loaded in ("local_files_only", "is_local"):  # not settings of the tokenizer
         tokenizer.init_kwargs.pop(how_it_was_loaded, None)
-    tokenizer.save_pretrained(str(path))
+    write_model_files(model, tokenizer, path)
 
 
 def _default_permissions(path: Path) -> None:
-    # mkdtemp makes the directory private (0700), and the safetensors writer its file (0600): give the
+    # The safetensors writer makes its file private (0600): give the
     # model the permissions of any file the user writes.
     umask = os.umask(0)
     os.umask(umask)

@@ -23,6 +23,7 @@ import torch
 from searchrl.common.config import save_config
 from searchrl.common.io import atomic_write_json
 from searchrl.common.run import build_manifest
+from searchrl.models.io import save_model_dir
 from searchrl.ppo.modeling import load_adapter_weights, load_weights
 
 
@@ -97,10 +98,9 @@ def save_checkpoint(trainer: Any) -> Path:
 def fill_checkpoint(trainer: Any, folder: Path) -> None:
     """Everything above into `folder`, `trainer_state.json` last."""
     model = trainer.accelerator.unwrap_model(trainer.wrapped_model)  # the plain PolicyAndValue, not DDP
-    model.policy.save_pretrained(folder / "policy")  # with PEFT: the adapter only (the base is frozen)
-    trainer.tokenizer.save_pretrained(folder / "policy")
+    save_model_dir(model.policy, trainer.tokenizer, folder / "policy")  # with PEFT: the adapter only
     if model.value_mode == "separate":
-        model.value_model.save_pretrained(folder / "value")
+        save_model_dir(model.value_model, None, folder / "value")
     else:
         torch.save(model.value_head.state_dict(), folder / "value_head.pt")
     rng = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}

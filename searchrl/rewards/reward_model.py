@@ -37,6 +37,7 @@ from torch import nn
 from searchrl.common.config import ConfigError, help_text
 from searchrl.common.io import read_jsonl
 from searchrl.common.trl_args import ScheduleSection, cpu_safe_trainer_kwargs
+from searchrl.models.io import save_model_dir
 from searchrl.rewards.citation import citation_status
 from searchrl.rewards.combine import default_rubric
 from searchrl.rewards.qa import exact_match
@@ -459,8 +460,4 @@ def evaluate_reward_model(
 
 def save_reward_model(model: Any, tokenizer: Any, out_dir: str | Path) -> Path:
     """`save_pretrained` of the model and its tokenizer (loadable by `models.tiny.load_value_model`)."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(str(out))
-    tokenizer.save_pretrained(str(out))
-    return out
+    return save_model_dir(model, tokenizer, out_dir)

@@ -50,6 +50,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from searchrl.common.config import ConfigError
+from searchrl.models.io import save_model_dir
 from searchrl.rollout.generator import sampling_log_probs
 from searchrl.rollout.loop import (
     EngineUsage,
@@ -335,9 +336,8 @@ class VLLMEngine:
         """
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
         with tempfile.TemporaryDirectory(prefix="searchrl-vllm-") as tmp:
-            base.save_pretrained(tmp, safe_serialization=True)
-            tokenizer.save_pretrained(tmp)
-            return cls(tmp, **kwargs)
+            folder = save_model_dir(base, tokenizer, Path(tmp) / "model")
+            return cls(str(folder), **kwargs)
 
     def _driver_model(self) -> Any | None:
         executor = getattr(self.llm.llm_engine, "model_executor", None)

@@ -5,6 +5,9 @@ A real search service is slow sometimes, times out, fails, and returns partial o
 run with faults is as reproducible as one without: the same seed and the same sequence of calls give
 the same faults. Per call (one batch) it may add latency, time out or fail; per query it may drop
 results or shuffle them. `counters` says how many of each were injected.
+
+`FindsNothing` is the extreme case, a backend on its own: every query finds no document. The closed-book
+evaluations of both demos search with it, so the policy answers from what it knows without reading.
 """
 
 from __future__ import annotations
@@ -124,3 +127,13 @@ class FaultInjectingBackend:
     def _count(self, name: str) -> None:
         with self._lock:
             self.counters[name] += 1
+
+
+class FindsNothing:
+    """A `Backend` that returns no document for any query: the closed-book evaluation (what the policy knows
+    alone, through the same environment, prompt and protocol as every other evaluation)."""
+
+    fingerprint = "finds-nothing"
+
+    def search(self, queries: list[str], k: int) -> list[list[Hit]]:
+        return [[] for _ in queries]

@@ -38,7 +38,7 @@ from searchrl.common.trajectory import Trajectory
 from searchrl.env.protocol import format_answer
 from searchrl.rewards.qa import contains_answer, normalize_answer
 from searchrl.rollout.generator import GenerationConfig, HFGenerator
-from searchrl.sft.forcing import PlannedTurnForcing
+from searchrl.sft.forcing import PlannedTurnForcing, question_query
 
 REAL_EXPERT = "real_expert"
 REQUIRED_FIELDS = ("question", "golds", "supporting_doc_ids", "supporting_titles")
@@ -96,15 +96,6 @@ class _Plan:
     searches: list[str] = field(default_factory=list)
     answer: str | None = None
     cited: list[str] = field(default_factory=list)  # document ids
-
-
-def question_query(question: str, limit: int = 256) -> str:
-    """The question as a search query: white space collapsed, cut at a word boundary to `limit` characters."""
-    text = " ".join(question.split())
-    if len(text) <= limit:
-        return text
-    cut = text[:limit].rsplit(" ", 1)[0]
-    return cut or text[:limit]
 
 
 def _shown(env: Any) -> dict[str, str]:

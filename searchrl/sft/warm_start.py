@@ -47,6 +47,7 @@ from searchrl.env.config import EnvConfig
 from searchrl.env.environment import SearchEnvironment
 from searchrl.env.protocol import parse_turn
 from searchrl.models.forward_patches import remove_trainer_forward_patches
+from searchrl.models.io import save_model_dir
 from searchrl.models.tiny import (
     TinyModelConfig,
     build_policy,
@@ -236,6 +237,12 @@ def _steps_of(config: SFTWarmStartConfig, num_examples: int) -> int:
         num_examples / (config.per_device_train_batch_size * config.gradient_accumulation_steps)
     )
     return max(1, math.ceil(per_epoch * config.num_train_epochs))
+
+
+def sft_total_steps(config: SFTWarmStartConfig, num_examples: int) -> int:
+    """The optimizer steps `run_sft` takes on `num_examples` demonstrations: the curriculum's phases
+    (`first_turn_steps`, `answer_turn_steps`) and the whole-demonstration phase (a progress bar's total)."""
+    return _steps_of(config, num_examples) + config.first_turn_steps + config.answer_turn_steps
 
 
 def _sft_config(config: SFTWarmStartConfig, output_dir: str, num_examples: int = 0) -> Any:
@@ -497,8 +504,7 @@ def run_warm_start_pipeline(
         demos.extend(expert.demonstrate(policy, tokenizer, envs, chunk))
     write_trajectories(out / "demonstrations.jsonl.gz", demos)
     outcome = run_sft(policy, tokenizer, demos, config.train)
-    outcome.policy.save_pretrained(str(out / "model"))
-    tokenizer.save_pretrained(str(out / "model"))
+    save_model_dir(outcome.policy, tokenizer, out / "model")
     kinds: dict[str, int] = {}
     for d in demos:
         kinds[str(d.metadata.get("expert_kind"))] = kinds.get(str(d.metadata.get("expert_kind")), 0) + 1

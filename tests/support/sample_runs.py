@@ -1,6 +1,6 @@
 """Builders shared by the tests of what `searchrl view / audit / report / eval` accept (no tests here).
 
-- `build_smoke_demo(root)`: the real smoke demo (`searchrl.demo.pipeline.smoke_config` + `run_demo`), every
+- `build_smoke_demo(root)`: the real smoke demo (`searchrl.demo.configs.smoke_config` + `searchrl.demo.pipeline.run_demo`), every
   stage at toy size: `ppo/` (a PPO run), `eval/{sft,ppo}-test.json` + `.jsonl.gz`, `sft/policy`, `data/`,
   `index/`, `summary.json`, `report.html`.
 - `build_grpo_run(root)`: a real one-step GRPO run (`run_grpo`, our rollout engine) from a tiny policy saved
@@ -48,7 +48,8 @@ UNSEEN_SCRIPT = [
 
 def build_smoke_demo(root: Path) -> Path:
     """Run the smoke demo into `root/demo` and return that directory."""
-    from searchrl.demo.pipeline import run_demo, smoke_config
+    from searchrl.demo.configs import smoke_config
+    from searchrl.demo.pipeline import run_demo
 
     out = root / "demo"
     cfg = smoke_config(str(out))

@@ -20,7 +20,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from searchrl.demo.real import RealDemoConfig, import_base
+from searchrl.demo.configs import RealDemoConfig
+from searchrl.demo.real import import_base
 from searchrl.models.gguf import read_manifest
 
 

@@ -1,0 +1,73 @@
+"""Model directories on disk: every model searchrl writes is written here, atomically.
+
+What: `save_model_dir(model, tokenizer, path)` writes a model (anything with `save_pretrained`: a transformers
+model, a PEFT adapter, a value model) and its tokenizer into a temporary sibling folder of `path`, then renames
+that folder to `path`. `staged_model_dir(path)` is the same publication step for a writer that adds files of
+its own before the folder appears (the GGUF import's manifest, the export's verification and manifest);
+`write_model_files` is what both put in the folder.
+
+Why: a save killed halfway (Ctrl-C, out of memory, a job's time limit) used to leave a folder with a config and
+half a safetensors file, which the next run loads or fails on in confusing ways. A rename is atomic on one file
+system, so `path` holds either the complete old model, the complete new one, or (only between the two renames
+that replace an existing folder) nothing. A killed save leaves at most a hidden `.NAME.saving-*` sibling.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+STAGING_MARK = ".saving-"
+
+
+def write_model_files(model: Any, tokenizer: Any | None, folder: str | Path) -> None:
+    """`model.save_pretrained(folder)` and, when given, `tokenizer.save_pretrained(folder)` (not atomic: write
+    into a folder from `staged_model_dir`, or call `save_model_dir`)."""
+    model.save_pretrained(str(folder))
+    if tokenizer is not None:
+        tokenizer.save_pretrained(str(folder))
+
+
+@contextlib.contextmanager
+def staged_model_dir(path: str | Path) -> Iterator[Path]:
+    """A fresh folder beside `path` to write into; renamed to `path` when the block ends without an error
+    (an existing folder at `path` is replaced), removed when it raises. Yields the staging folder."""
+    final = Path(path)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    staging = final.with_name(f".{final.name}{STAGING_MARK}{os.getpid()}-{secrets.token_hex(4)}")
+    staging.mkdir()  # the user's umask, like any folder they write (mkdtemp would make it private)
+    try:
+        yield staging
+        _publish(staging, final)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+def _publish(staging: Path, final: Path) -> None:
+    """Rename `staging` to `final`; an existing `final` is moved aside first and removed after the rename."""
+    if not final.exists():
+        os.replace(staging, final)
+        return
+    old = final.with_name(f".{final.name}.replaced-{os.getpid()}-{secrets.token_hex(4)}")
+    os.replace(final, old)
+    try:
+        os.replace(staging, final)
+    except BaseException:
+        os.replace(old, final)  # the new model could not take its place: the old one stays
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def save_model_dir(model: Any, tokenizer: Any | None, path: str | Path) -> Path:
+    """Write `model` (and `tokenizer`, when given) to the folder `path` atomically; returns `path`.
+
+    The files are those of `save_pretrained`; a folder already at `path` is replaced as a whole (not merged)."""
+    with staged_model_dir(path) as staging:
+        write_model_files(model, tokenizer, staging)
+    return Path(path)
