@@ -19,7 +19,7 @@ from typing import Any, Literal
 import yaml
 
 from searchrl.common.config import ConfigError
-from searchrl.data.realqa import SOURCES
+from searchrl.data.realqa_formats import SOURCES
 from searchrl.data.synthetic import SIZE_PRESETS
 from searchrl.models.tiny import TinyModelConfig
 from searchrl.ppo.config import PPOConfig, PPOSection
