@@ -67,6 +67,7 @@ from searchrl.ppo.config import PPOConfig, PPOSection
 from searchrl.ppo.trainer import PPOTrainer
 from searchrl.rewards.combine import default_rubric
 from searchrl.rollout.generator import GenerationConfig, HFGenerator, RolloutBatch
+from searchrl.rollout.loop import Sampling
 from searchrl.search.index import build_index
 from searchrl.sections import EnvironmentSection, GenerationSection
 from searchrl.sft.real_expert import RealExpert, RealExpertConfig, question_query
@@ -425,12 +426,14 @@ class RealGenerator(HFGenerator):
             out.append([search, answer])
         return out
 
-    def rollout(self, envs: list[Any], rows: list[dict[str, Any]]) -> RolloutBatch:
+    def rollout(
+        self, envs: list[Any], rows: list[dict[str, Any]], sampling: Sampling | None = None
+    ) -> RolloutBatch:
         """One episode per (env, row), the baseline's turns forced, under bfloat16 autocast if asked."""
         self.forcing = TurnForcing(self._forced_turns(envs, rows)) if self.baseline else None
         device = next(self.model.parameters()).device.type if self.model is not None else "cpu"
         with torch.autocast(device_type=device, dtype=torch.bfloat16, enabled=self.bf16):
-            return super().rollout(envs, rows)
+            return super().rollout(envs, rows, sampling)
 
 
 def real_generator_factory(
