@@ -67,7 +67,7 @@ from searchrl.ppo.config import PPOConfig, PPOSection
 from searchrl.ppo.trainer import PPOTrainer
 from searchrl.rewards.combine import default_rubric
 from searchrl.rollout.generator import GenerationConfig, HFGenerator, RolloutBatch
-from searchrl.rollout.loop import Sampling
+from searchrl.rollout.sampling import Sampling
 from searchrl.search.index import build_index
 from searchrl.sections import EnvironmentSection, GenerationSection
 from searchrl.sft.real_expert import RealExpert, RealExpertConfig, question_query

@@ -39,13 +39,13 @@ from searchrl.rollout.loop import (
     EngineUsage,
     GenerationConfig,
     RolloutBatch,
-    Sampling,
     TokenEngine,
     TokenForcing,
     TurnCompletion,
     TurnLoop,
     TurnParams,
 )
+from searchrl.rollout.sampling import Sampling
 
 
 def sampling_log_probs(

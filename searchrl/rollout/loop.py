@@ -39,36 +39,8 @@ from transformers import PreTrainedTokenizerBase
 from searchrl.common.trajectory import Span, Trajectory
 from searchrl.env.environment import step_batch
 from searchrl.rollout.chat import ToolGlue, observation_ids, prompt_ids, tools_key
+from searchrl.rollout.sampling import Sampling
 from searchrl.rollout.stats import rollout_stats
-
-
-@dataclass(frozen=True)
-class Sampling:
-    """How one rollout call samples: the sampling fields of `GenerationConfig`, passed per call.
-
-    Why a record of its own: a trainer samples each step with its own seed, and evaluates at another
-    temperature, through the engine it shares with the run. Handing `TurnLoop.rollout` the sampling for
-    that call (`config.sampling(seed=...)`) leaves the engine's `GenerationConfig` as it was built: nothing
-    is set on the shared engine and restored afterwards. Checked when made.
-    """
-
-    temperature: float = field(
-        default=1.0,
-        metadata={"help": "Softmax temperature; 0 means greedy (`GenerationConfig.temperature`)."},
-    )
-    top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling mass in (0, 1]; 1 disables it."})
-    top_k: int = field(default=0, metadata={"help": "Keep only the k most likely tokens; 0 disables it."})
-    seed: int = field(
-        default=0, metadata={"help": "Seed of this rollout's sampling (same seed, same rollout)."}
-    )
-
-    def __post_init__(self) -> None:
-        if self.temperature < 0:
-            raise ValueError(f"temperature={self.temperature} must be >= 0 (0 = greedy)")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p={self.top_p} must be in (0, 1]")
-        if self.top_k < 0:
-            raise ValueError(f"top_k={self.top_k} must be >= 0 (0 disables top-k)")
 
 
 @dataclass

@@ -55,13 +55,13 @@ from searchrl.rollout.loop import (
     EngineUsage,
     GenerationConfig,
     RolloutBatch,
-    Sampling,
     TokenEngine,
     TokenForcing,
     TurnCompletion,
     TurnLoop,
     TurnParams,
 )
+from searchrl.rollout.sampling import Sampling
 
 # -------------------------------------------------------------------------------------------------
 # Availability and weights
