@@ -249,8 +249,7 @@ def part_rollout(args: argparse.Namespace, device: str) -> dict[str, Any]:
     # Greedy on both: identical rows (exact token ids) and the first position where rows differ.
     rows = world["rows"][: args.check_rows]
     g_cfg = replace(cfg, temperature=0.0)
-    vgen.config = replace(g_cfg)
-    a = vgen.rollout(envs_for(world, args, len(rows)), rows).trajectories
+    a = vgen.rollout(envs_for(world, args, len(rows)), rows, g_cfg.sampling()).trajectories
     b = HFGenerator(policy, tok, replace(g_cfg)).rollout(envs_for(world, args, len(rows)), rows).trajectories
     same = [x.input_ids == y.input_ids for x, y in zip(a, b, strict=True)]
     first_diff = []
@@ -262,8 +261,7 @@ def part_rollout(args: argparse.Namespace, device: str) -> dict[str, Any]:
     out["greedy_identical_rows"] = sum(same)
     out["greedy_first_difference_after_prompt_min"] = min(first_diff) if first_diff else None
     # vLLM's recorded logprobs at the sampling temperature against one HF forward over the same ids.
-    vgen.config = replace(cfg, seed=1)
-    trajs = vgen.rollout(envs_for(world, args, len(rows)), rows).trajectories
+    trajs = vgen.rollout(envs_for(world, args, len(rows)), rows, cfg.sampling(seed=1)).trajectories
     gaps = []
     for t in trajs:
         ids = torch.tensor([t.input_ids], device=device)

@@ -200,9 +200,10 @@ def record_snapshot(run: DemoRun, spec: dict[str, Any]) -> dict[str, Any]:
     for p in range(spec["record_passes"]):
         for start in range(0, len(rows), batch):
             chunk = rows[start : start + batch]
-            gen.config.seed = RECORD_SAMPLING_SEED + 100_003 * p + start
+            sampling = gen.config.sampling(seed=RECORD_SAMPLING_SEED + 100_003 * p + start)
             envs = [SearchEnvironment(cache, env_config, tokenizer=tok) for _ in chunk]
-            rollout_queries += search_queries(gen.rollout(envs, chunk).trajectories, env_config.topk)
+            trajs = gen.rollout(envs, chunk, sampling).trajectories
+            rollout_queries += search_queries(trajs, env_config.topk)
     expert_queries = (
         search_queries(read_trajectories(run.expert_path), env_config.topk)
         if run.expert_path.exists()

@@ -126,15 +126,15 @@ def test_the_dev_loop_both_trainers_run_samples_each_chunk_with_its_own_seed(wor
     seeds = []
 
     class RecordingGenerator(HFGenerator):  # a trainer's own engine, reused chunk after chunk
-        def rollout(self, *args, **kw):
-            seeds.append((self.config.seed, self.config.temperature))
-            return super().rollout(*args, **kw)
+        def rollout(self, envs, rows, sampling=None):
+            seeds.append((sampling.seed, sampling.temperature))
+            return super().rollout(envs, rows, sampling)
 
     engine = RecordingGenerator(policy, tok, config)
     kwargs = {"rubric": default_rubric(), "batch_size": 2, "seed": 7}
     line = evaluate_during_training(policy, tok, rows, env, config, generator=engine, **kwargs)
     assert seeds == [(7, 1.0), (9, 1.0)]  # sampled at the given temperature, not greedily
-    assert engine.config == config  # the trainer's engine gets its own config back
+    assert engine.config == config  # the trainer's engine keeps its own config: the sampling went per call
     assert set(line) == {"eval/exact_match", "eval/f1", "eval/searches_per_question", "eval/reward"}
     result = evaluate_policy(policy, tok, rows, env, config, decode_greedy=False, **kwargs)
     direct = HFGenerator(policy, tok, dataclasses.replace(config, seed=9)).rollout([env(), env()], rows[2:])

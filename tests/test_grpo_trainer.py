@@ -96,11 +96,12 @@ def test_our_rollout_mode_trains_with_env_mask_zero_on_observations(grpo_world: 
     run = Path(trainer.run.root)
     metrics = assert_run_directory(run, "our_rollout", steps=2)
     # What TRL received as env_mask (its tool_mask) is the trajectory's action mask after the prompt.
-    gen = trainer.last_generation
-    assert gen["tool_mask"] is not None and len(gen["tool_mask"]) == len(trainer.current_inputs) == 8
+    gen = trainer.record.generation
+    assert gen is not None and gen.training
+    assert gen.tool_mask is not None and len(gen.tool_mask) == len(trainer.record.rows) == 8
     last_step = [t for t in read_trajectories(run) if t["metadata"]["step"] == 2]
     observed = 0
-    for mask, ids, traj in zip(gen["tool_mask"], gen["completion_ids"], last_step, strict=True):
+    for mask, ids, traj in zip(gen.tool_mask, gen.completion_ids, last_step, strict=True):
         start = traj["prompt_length"]
         assert list(mask) == traj["action_mask"][start:]
         assert list(ids) == traj["input_ids"][start:]
@@ -143,7 +144,7 @@ def test_trl_loop_mode_trains_through_trls_tool_loop(grpo_world: GrpoWorld) -> N
         grpo_world.backend, grpo_config(grpo_world.root, "trl_loop").env_config(), tokenizer=tok
     )
     assert ours.tools == []
-    for row, ids in zip(trainer.current_inputs, trainer.last_generation["prompt_ids"], strict=True):
+    for row, ids in zip(trainer.record.rows, trainer.record.generation.prompt_ids, strict=True):
         assert list(ids) == prompt_ids(tok, ours.reset(row), ours.tools)
     searched = 0
     for traj in read_trajectories(run):

@@ -1,9 +1,10 @@
-"""The collapse guard's format bound is relative to the run's own start (a weak warm start is not a collapse)."""
+"""The collapse guard: its format bound is relative to the run's own start (a weak warm start is not a
+collapse), and after each step it decides (`GuardDecision`) what `PPOTrainer.train` then carries out."""
 
 from __future__ import annotations
 
 from searchrl.ppo.config import PPOConfig
-from searchrl.ppo.guard import CollapseGuard
+from searchrl.ppo.guard import CollapseGuard, GuardDecision
 
 
 def _args(**kw) -> PPOConfig:
@@ -70,3 +71,51 @@ def test_the_absolute_entropy_floor_still_holds_for_a_start_above_it():
     restored = CollapseGuard(_args(collapse_entropy_min=0.05, collapse_window=1))
     restored.load_state_dict(guard.state_dict())
     assert restored.entropy_baseline == 1.2
+
+
+def test_the_guard_decides_and_the_decision_says_what_to_log_and_where_to_go(tmp_path):
+    args = _args(collapse_format_min=0.5, collapse_format_drop=None, collapse_window=1)
+    args.collapse_max_rollbacks, args.collapse_lr_decay = 2, 0.5
+    guard = CollapseGuard(args)
+    good = tmp_path / "checkpoints" / "step-2"
+    assert guard.decide(_step(0.9), 4, good, rollbacks=0, lr_scale=1.0) == GuardDecision()  # healthy
+
+    rollback = guard.decide(_step(0.2), 4, good, rollbacks=1, lr_scale=0.5)
+    assert (rollback.action, rollback.checkpoint, rollback.rollbacks, rollback.lr_scale) == (
+        "roll_back",
+        good,
+        2,
+        0.25,
+    )
+    assert "format validity 0.2 < 0.5" in (rollback.reason or "")
+    # The failed step's metrics line: these keys, in this order, after the step's own.
+    assert list(rollback.metrics) == [
+        "guard/rollback",
+        "guard/rollbacks",
+        "guard/lr_scale",
+        "guard/rolled_back_to_step",
+        "guard/failed_step",
+        "guard/reason",
+    ]
+    assert (
+        rollback.metrics["guard/rolled_back_to_step"] == 2.0 and rollback.metrics["guard/failed_step"] == 4.0
+    )
+    assert rollback.metrics["guard/rollbacks"] == 2.0 and rollback.metrics["guard/lr_scale"] == 0.25
+
+    # Nothing to go back to: go on, silently (as before the first checkpoint).
+    assert guard.decide(_step(0.2), 4, None, rollbacks=0, lr_scale=1.0) == GuardDecision()
+    # The last good weights sampled this very step: say why, but do not redo the same rollouts.
+    own = guard.decide(_step(0.2), 3, good, rollbacks=0, lr_scale=1.0)
+    assert own.action == "continue" and own.reason and own.checkpoint is None
+    assert own.metrics == {"guard/reason": own.reason, "guard/no_rollback": 1.0}
+    # Out of rollbacks: give up, saying what to change.
+    gave_up = guard.decide(_step(0.2), 4, good, rollbacks=2, lr_scale=0.25)
+    assert gave_up.action == "give_up" and gave_up.metrics == {
+        "guard/reason": gave_up.reason,
+        "guard/gave_up": 1.0,
+    }
+    assert "collapse_max_rollbacks=2" in gave_up.message and "at step 4" in gave_up.message
+
+    off = CollapseGuard(_args(collapse_guard=False, collapse_format_min=0.5, collapse_window=1))
+    assert off.decide(_step(0.2), 4, good, rollbacks=0, lr_scale=1.0) == GuardDecision()
+    assert off.history == []  # an unguarded run keeps no window

@@ -7,6 +7,7 @@ The world and the tiny model are conftest.py's `world`; the learnable `LikedToke
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 
 import pytest
@@ -154,19 +155,21 @@ def test_without_eval_on_start_there_is_no_step_0_and_every_step_has_a_clock(wor
     assert not (tmp_path / "run" / "eval" / "step-0.json").exists()
 
 
-def test_rollouts_are_seeded_per_step_through_the_generator_config(world, tmp_path):
+def test_rollouts_are_seeded_per_step_through_the_sampling_passed_to_the_engine(world, tmp_path):
     trainer = trainer_for(world, tmp_path, total_episodes=8)
+    config = dataclasses.replace(trainer.generator.config)
     seen = []
     original = trainer.generator.rollout
 
-    def spy(envs, rows):
-        seen.append(trainer.generator.config.seed)
-        return original(envs, rows)
+    def spy(envs, rows, sampling):
+        seen.append(sampling.seed)
+        return original(envs, rows, sampling)
 
     trainer.generator.rollout = spy
     trainer.train()
     s = trainer.args.seed
     assert seen == [s * 1_000_003 + 0, s * 1_000_003 + 1]
+    assert trainer.generator.config == config  # nothing was set on the shared engine
 
 
 def test_collapse_guard_rolls_back_an_absurd_learning_rate_and_the_run_recovers(world, tmp_path):

@@ -7,6 +7,7 @@ batched searches, cache appends and masks are the real ones. Free-sampling tests
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import socket
 
@@ -157,6 +158,29 @@ def test_free_sampling_with_filters_recomputes_and_is_seeded(world):
         mask = action_positions(traj)
         again = recomputed(world, traj, 0.8, top_k=40, top_p=0.9)[mask]
         assert (again - torch.tensor(traj.logprobs[1:])[mask]).abs().max().item() <= 1e-4
+
+
+def test_a_call_samples_as_its_sampling_says_and_leaves_the_engine_config_alone(world):
+    """`rollout(envs, rows, sampling)`: a trainer's step seed or an evaluation's temperature goes with the
+    call, exactly as an engine built with those settings would sample, and the shared config is untouched."""
+    base = GenerationConfig(temperature=0.8, top_k=40, top_p=0.9, max_new_tokens_per_turn=24, seed=7)
+    generator = HFGenerator(world["model"], world["tok"], dataclasses.replace(base))
+    rows = [QA[i % len(QA)] for i in range(3)]
+
+    def envs():
+        return [make_env(world) for _ in rows]
+
+    passed = generator.rollout(envs(), rows, base.sampling(seed=8, temperature=1.0)).trajectories
+    built_config = dataclasses.replace(base, seed=8, temperature=1.0)
+    built = HFGenerator(world["model"], world["tok"], built_config).rollout(envs(), rows).trajectories
+    assert [t.input_ids for t in passed] == [t.input_ids for t in built]
+    assert [t.logprobs for t in passed] == [t.logprobs for t in built]
+    assert (passed[0].metadata["seed"], passed[0].metadata["temperature"]) == (8, 1.0)
+    assert generator.config == base
+    default = generator.rollout(envs(), rows).trajectories  # no sampling: the config's own
+    assert (default[0].metadata["seed"], default[0].metadata["temperature"]) == (7, 0.8)
+    with pytest.raises(ValueError, match="top_p"):
+        base.sampling(top_p=0.0)
 
 
 def test_search_r1_protocol_inline_observations(world):

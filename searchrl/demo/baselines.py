@@ -29,6 +29,7 @@ from searchrl.demo.summary import headline_group
 from searchrl.env.environment import SearchEnvironment
 from searchrl.evaluation.evaluate import evaluate_policy, summarise
 from searchrl.rollout.generator import GenerationConfig, HFGenerator, RolloutBatch
+from searchrl.rollout.sampling import Sampling
 from searchrl.sft.forcing import BASELINES, baseline_forcing
 
 # eval/NAME.json (+ .jsonl.gz) of each baseline's test evaluation.
@@ -62,12 +63,14 @@ class RealGenerator(HFGenerator):
         self.baseline = None if baseline == "zero_shot" else baseline
         self.max_query_chars = max_query_chars
 
-    def rollout(self, envs: list[Any], rows: list[dict[str, Any]]) -> RolloutBatch:
+    def rollout(
+        self, envs: list[Any], rows: list[dict[str, Any]], sampling: Sampling | None = None
+    ) -> RolloutBatch:
         """One episode per (env, row), the baseline's turns forced, under bfloat16 autocast if asked."""
         self.forcing = baseline_forcing(self.baseline, self.tokenizer, envs, rows, self.max_query_chars)
         device = next(self.model.parameters()).device.type if self.model is not None else "cpu"
         with torch.autocast(device_type=device, dtype=torch.bfloat16, enabled=self.bf16):
-            return super().rollout(envs, rows)
+            return super().rollout(envs, rows, sampling)
 
 
 def real_generator_factory(

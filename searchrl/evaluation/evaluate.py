@@ -347,10 +347,11 @@ def _evaluate_chunk(
 ) -> list[Trajectory]:
     # Each chunk gets its own generator, seeded by `seed` plus the chunk's first row index: a question's result
     # does not depend on what earlier chunks sampled (greedy decoding ignores the seed anyway; sampling does not).
-    generator = make_generator(policy, tokenizer, dataclasses.replace(config, seed=seed))
+    chunk_config = dataclasses.replace(config, seed=seed)
+    generator = make_generator(policy, tokenizer, chunk_config)
     envs = [env_factory() for _ in rows]
     started = time.perf_counter()
-    batch = generator.rollout(envs, rows)
+    batch = generator.rollout(envs, rows, chunk_config.sampling())
     per_question = (time.perf_counter() - started) / len(rows)
     trajs = list(batch.trajectories)
     for traj, row in zip(trajs, rows, strict=True):
@@ -376,33 +377,27 @@ def evaluate_during_training(
     `evaluate_policy` at the generation config's own temperature (the run's `eval_temperature`, so the
     training-time curve and a later `searchrl eval --temperature` agree), reduced to `dev_metrics`. The
     caller writes `RUN/eval/step-N.json` (`RunDir.write_eval`) and keeps the clock. `generator` reuses a
-    trainer's own rollout engine (HF or vLLM, its weights in sync): its `config` is set for each chunk and
-    restored afterwards; without one each chunk gets a fresh `HFGenerator`.
+    trainer's own rollout engine (HF or vLLM, its weights in sync; its config is left alone: each chunk's
+    sampling goes with the call, its limits are the engine's); without one each chunk gets a fresh `HFGenerator`.
     """
-    saved = generator.config if generator is not None else None
 
     def own_engine(model: Any, tok: Any, config: GenerationConfig) -> Any:
-        generator.config = config
         return generator
 
-    try:
-        # One resample: the per-step line needs the means only, not `summarise`'s intervals.
-        result = evaluate_policy(
-            policy,
-            tokenizer,
-            rows,
-            env_factory,
-            generation_config,
-            rubric=rubric,
-            batch_size=batch_size,
-            seed=seed,
-            n_resamples=1,
-            generator_factory=own_engine if generator is not None else None,
-            decode_greedy=False,
-        )
-    finally:
-        if generator is not None:
-            generator.config = saved
+    # One resample: the per-step line needs the means only, not `summarise`'s intervals.
+    result = evaluate_policy(
+        policy,
+        tokenizer,
+        rows,
+        env_factory,
+        generation_config,
+        rubric=rubric,
+        batch_size=batch_size,
+        seed=seed,
+        n_resamples=1,
+        generator_factory=own_engine if generator is not None else None,
+        decode_greedy=False,
+    )
     return dev_metrics(result.trajectories)
 
 

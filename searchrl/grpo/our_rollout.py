@@ -17,18 +17,18 @@ it is vLLM.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from transformers import TrainerCallback
 
 from searchrl.env.environment import SearchEnvironment
 from searchrl.grpo.dataset import ROW_COLUMNS
+from searchrl.grpo.record import BatchRecord
 from searchrl.rollout.backends import make_generator, sync_engine_weights
 from searchrl.rollout.loop import GenerationConfig
 
 if TYPE_CHECKING:
-    from searchrl.grpo.trainer import SearchGRPOTrainer
+    from trl import GRPOTrainer
 
 
 class EngineRollout:
@@ -37,8 +37,9 @@ class EngineRollout:
     Returns per row `prompt_ids`, `completion_ids` (actions and observations, exactly the trajectory's
     tokens after the prompt), `logprobs` (the sampling logprobs, 0.0 on observation tokens), `env_mask`
     (the trajectory's action mask after the prompt: 0 on every observation/glue token) and `trajectory`.
-    `generator_factory(model, tokenizer, generation_config)` starts the engine (default: `make_generator`,
-    HF).
+    The batch's rows come from `record` (`SearchGRPOTrainer` writes them there), and `record.rollout_calls`
+    counts the batches (each one's sampling seed). `generator_factory(model, tokenizer, generation_config)`
+    starts the engine (default: `make_generator`, HF).
     """
 
     def __init__(
@@ -46,13 +47,14 @@ class EngineRollout:
         tokenizer: Any,
         env_factory: Callable[[], SearchEnvironment],
         generation_config: GenerationConfig,
+        record: BatchRecord,
         generator_factory: Callable[..., Any] = make_generator,
     ) -> None:
         self.tokenizer = tokenizer
         self.env_factory = env_factory
         self.generation_config = generation_config
+        self.record = record
         self.generator_factory = generator_factory
-        self.calls = 0
         self.last_stats: dict[str, float] = {}
         self._generator: Any = None
 
@@ -66,20 +68,22 @@ class EngineRollout:
         """Push the policy's weights into an engine that holds its own copy (vLLM); True when it did."""
         return self._generator is not None and sync_engine_weights(self._generator, self._generator.model)
 
-    def __call__(self, prompts: list[Any], trainer: SearchGRPOTrainer) -> dict[str, Any]:
-        rows = trainer.current_inputs
+    def __call__(self, prompts: list[Any], trainer: GRPOTrainer) -> dict[str, Any]:
+        """TRL's `rollout_func(prompts, trainer)`: the policy is `trainer`'s model."""
+        rows = self.record.rows
         if rows is None or len(rows) != len(prompts):
             raise RuntimeError(
-                "EngineRollout needs the batch rows: use SearchGRPOTrainer (it records them) as the trainer"
+                "EngineRollout needs the batch rows: SearchGRPOTrainer writes them into the record it shares "
+                "(build_grpo_trainer)"
             )
         model = trainer.accelerator.unwrap_model(trainer.model)
         # A new seed per generation batch: the same seed would repeat the same samples every step.
-        config = replace(self.generation_config, seed=self.generation_config.seed * 1_000_003 + self.calls)
-        self.calls += 1
-        generator = self.engine(model)
-        generator.config = config  # the model and seed follow the trainer
+        calls = self.record.rollout_calls
+        sampling = self.generation_config.sampling(seed=self.generation_config.seed * 1_000_003 + calls)
+        self.record.rollout_calls += 1
+        generator = self.engine(model)  # the model follows the trainer; the seed goes with the call
         env_rows = [{k: row[k] for k in ROW_COLUMNS if k in row} for row in rows]
-        batch = generator.rollout([self.env_factory() for _ in rows], env_rows)
+        batch = generator.rollout([self.env_factory() for _ in rows], env_rows, sampling)
         self.last_stats = dict(batch.stats)
         trajectories = batch.trajectories
         return {

@@ -2,27 +2,26 @@
 
 Why: both trainers must be scored by the same rubric on the same `Trajectory`, or a comparison says nothing.
 `RubricReward` takes each rollout's trajectory (`our_rollout`: the `trajectory` extra field of
-`EngineRollout`; `trl_loop`: rebuilt by `trajectory_from_trl` from the trainer's last generation and the
-`environments=` TRL passes), scores it, and logs through TRL's `log_metric` the reward breakdown, the
-environment's tool statistics, terminations, exact match and the stability kit's likelihood monitors
-(`searchrl.common.health`, PPO's names) from the rollouts' sampling logprobs. It keeps the training batch's
-trajectories for the run directory (`RunDirCallback`) until `pop_trajectories()`.
+`EngineRollout`; `trl_loop`: rebuilt by `trajectory_from_trl` from the batch's rows and TRL's token-level
+output in the shared `BatchRecord`, and the `environments=` TRL passes), scores it, and logs through TRL's
+`log_metric` the reward breakdown, the environment's tool statistics, terminations, exact match and the
+stability kit's likelihood monitors (`searchrl.common.health`, PPO's names) from the rollouts' sampling
+logprobs. Training episodes are counted, and their trajectories kept for the run directory
+(`RunDirCallback`), in the record.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from searchrl.common.health import likelihood_metrics, trajectory_logprobs
 from searchrl.common.trajectory import Trajectory
+from searchrl.grpo.record import BatchRecord
 from searchrl.grpo.trl_loop import trajectory_from_trl
 from searchrl.rewards.combine import Rubric, mean_breakdown
 from searchrl.rewards.qa import answered_right, exact_match
 from searchrl.rollout.stats import termination_stats, tool_stats
-
-if TYPE_CHECKING:
-    from searchrl.grpo.trainer import SearchGRPOTrainer
 
 
 def sampling_likelihood_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:
@@ -40,18 +39,17 @@ class RubricReward:
     """TRL reward function scoring each completion's Trajectory with a `Rubric`; logs breakdown and tools.
 
     our_rollout: the trajectories arrive as the `trajectory` extra field of `EngineRollout`.
-    trl_loop: they are rebuilt (`trajectory_from_trl`) from the trainer's last generation and the
-    `environments=` TRL passes. Training-batch trajectories are kept for the run directory until
-    `pop_trajectories()`.
+    trl_loop: they are rebuilt (`trajectory_from_trl`) from `record` (the batch's rows and TRL's token-level
+    output, which `SearchGRPOTrainer` writes there) and the `environments=` TRL passes. Training episodes
+    are counted in `record.episodes` and their trajectories kept in `record.trajectories` for the run
+    directory.
     """
 
-    def __init__(self, rubric: Rubric, tokenizer: Any) -> None:
+    def __init__(self, rubric: Rubric, tokenizer: Any, record: BatchRecord) -> None:
         self.__name__ = "rubric"  # TRL names the reward column after it
         self.rubric = rubric
         self.eos_token_id = int(tokenizer.eos_token_id)
-        self.trainer: SearchGRPOTrainer | None = None
-        self.episodes = 0
-        self._pending: list[Trajectory] = []
+        self.record = record
 
     def __call__(
         self,
@@ -70,9 +68,10 @@ class RubricReward:
         if log_metric is not None:
             for name, value in self.batch_metrics(trajs).items():
                 log_metric(name, value)
-        if self.trainer is None or self.trainer.model.training:
-            self.episodes += len(trajs)
-            self._pending.extend(trajs)
+        generation = self.record.generation
+        if generation is None or generation.training:  # TRL's own evaluation batches are not episodes
+            self.record.episodes += len(trajs)
+            self.record.trajectories.extend(trajs)
         return scores
 
     @staticmethod
@@ -87,21 +86,16 @@ class RubricReward:
         out.update(sampling_likelihood_metrics(trajs))
         return out
 
-    def pop_trajectories(self) -> list[Trajectory]:
-        out, self._pending = self._pending, []
-        return out
-
     def _rebuild(
         self, prompts: list[Any], completions: list[Any], environments: list[Any] | None
     ) -> list[Trajectory]:
-        trainer = self.trainer
-        if trainer is None or trainer.last_generation is None or environments is None:
+        gen = self.record.generation
+        if gen is None or environments is None:
             raise RuntimeError(
-                "RubricReward got no trajectories: in trl_loop mode bind it to a SearchGRPOTrainer "
-                "(reward.trainer = trainer) and use our SearchToolEnv environment_factory"
+                "RubricReward got no trajectories: in trl_loop mode it reads TRL's output from the record a "
+                "SearchGRPOTrainer writes (build_grpo_trainer) and needs our SearchToolEnv environment_factory"
             )
-        gen = trainer.last_generation
-        rows = trainer.current_inputs or [{} for _ in prompts]
+        rows = self.record.rows or [{} for _ in prompts]
         trajs = []
         for i, (prompt, completion, env) in enumerate(zip(prompts, completions, environments, strict=True)):
             trajs.append(
@@ -109,10 +103,10 @@ class RubricReward:
                     rows[i],
                     prompt,
                     completion,
-                    gen["prompt_ids"][i],
-                    gen["completion_ids"][i],
-                    gen["tool_mask"][i] if gen["tool_mask"] is not None else None,
-                    gen["logprobs"][i] if gen["logprobs"] is not None else None,
+                    gen.prompt_ids[i],
+                    gen.completion_ids[i],
+                    gen.tool_mask[i] if gen.tool_mask is not None else None,
+                    gen.logprobs[i] if gen.logprobs is not None else None,
                     env.environment,
                     self.eos_token_id,
                     index=i,

@@ -6,8 +6,11 @@ Why: a GRPO run must be read, compared, evaluated and resumed like a PPO run (`s
 `metrics.jsonl` (with `episode` and the clocks), `eval/step-N.json` from the dev loop every trainer shares,
 `trajectories/step-N.jsonl.gz`, `samples.jsonl`, `best_checkpoint.json` and `checkpoints/step-N/` (`policy/`,
 TRL's optimizer/scheduler/RNG/trainer state in `trl/`, our `trainer_state.json`), pruned by
-`save_total_limit`. `RunDirCallback` is the transformers callback that writes it; `resume_state` finds the
-checkpoint a resumed run continues from and refuses one it cannot continue.
+`save_total_limit`. `RunDirCallback` is the transformers callback that writes it, from what the trainer's
+`BatchRecord` holds (episodes, trajectories, the rollout's batch count) and the `model` transformers hands
+every event; a checkpoint's trainer part (weights, TRL's resume state) comes from the function the trainer
+gives it when it makes it. `resume_state` finds the checkpoint a resumed run continues from and refuses one
+it cannot continue.
 """
 
 from __future__ import annotations
@@ -15,8 +18,9 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from accelerate.utils import extract_model_from_parallel
 from transformers import TrainerCallback
 
 from searchrl.common.clock import TrainingClock
@@ -24,12 +28,7 @@ from searchrl.common.config import ConfigError, load_config
 from searchrl.common.io import atomic_write_json, atomic_write_text
 from searchrl.common.run import BestCheckpoint, Cadence, RunDir
 from searchrl.grpo.config import GRPORunConfig
-from searchrl.grpo.our_rollout import EngineRollout
-from searchrl.grpo.reward import RubricReward
-from searchrl.models.io import save_model_dir
-
-if TYPE_CHECKING:
-    from searchrl.grpo.trainer import SearchGRPOTrainer
+from searchrl.grpo.record import BatchRecord
 
 # TRL's names for what PPO logs under the stability kit's names (both are kept in metrics.jsonl).
 TRL_TO_PPO_NAMES = {"entropy": "objective/entropy_per_token"}
@@ -51,22 +50,32 @@ class RunDirCallback(TrainerCallback):
     history up to the checkpoint's step and drops what the killed run wrote after it (metrics lines,
     eval files, trajectory files), so no step is missing or written twice; `episode`, the best checkpoint
     and both clocks continue from the checkpoint's values.
+
+    Args:
+        record: the trainer's `BatchRecord` (episodes, the scored trajectories, the rollout's batch count).
+        tokenizer: the policy's tokenizer (text samples).
+        evaluate: model -> dev metrics (`evaluate_during_training` on the dev rows), or None.
+        save_trainer_state: writes the trainer's part of a checkpoint into a folder (`policy/`, `trl/`).
+        resume_state: our `trainer_state.json` of the checkpoint a resumed run continues from, or None.
     """
 
     def __init__(
         self,
         cfg: GRPORunConfig,
         run: RunDir,
-        reward: RubricReward,
+        record: BatchRecord,
+        tokenizer: Any,
         evaluate: Callable[[Any], dict[str, float]] | None,
+        save_trainer_state: Callable[[Path], None],
+        resume_state: dict[str, Any] | None = None,
     ):
         self.cfg = cfg
         self.run = run
-        self.reward = reward
-        self.evaluate = evaluate  # model -> dev metrics (`evaluate_during_training` on the dev rows)
-        self.trainer: SearchGRPOTrainer | None = None
-        self.rollout: EngineRollout | None = None  # our_rollout: its batch counter seeds the sampling
-        self.resume_state: dict[str, Any] | None = None
+        self.record = record
+        self.tokenizer = tokenizer
+        self.evaluate = evaluate
+        self.save_trainer_state = save_trainer_state
+        self.resume_state = resume_state
         self.cadence = Cadence.of(cfg, cfg.num_steps)
         self.best = BestCheckpoint(run, cfg.best_metric)
         self.best_pending = False  # this step's evaluation is a new best: record its checkpoint when saved
@@ -78,28 +87,21 @@ class RunDirCallback(TrainerCallback):
     def clock(self) -> dict[str, float]:
         return self.training_clock.reading()
 
-    def _tokenizer(self) -> Any:
-        assert self.trainer is not None, "RunDirCallback.trainer must be set to the trainer it logs"
-        return self.trainer.processing_class
-
-    def _model(self) -> Any:
-        assert self.trainer is not None, "RunDirCallback.trainer must be set to the trainer it logs"
-        return self.trainer.accelerator.unwrap_model(self.trainer.model)
-
-    def _evaluate(self, step: int) -> None:
+    def _evaluate(self, step: int, model: Any) -> None:
+        """The dev evaluation of `model` (transformers' event argument: the trainer's model, unwrapped here)."""
         if self.evaluate is None:
             return
-        model = self._model()
+        model = extract_model_from_parallel(model)
         was_training = model.training
         with self.training_clock.evaluating() as clock:
             results = self.evaluate(model)
         model.train(was_training)
-        self.run.write_eval(step, {"episode": self.reward.episodes, **clock, **results})
+        self.run.write_eval(step, {"episode": self.record.episodes, **clock, **results})
         self.pending_eval.update(results)
         self.best_pending = self.best.improves(step, results) or self.best_pending
 
     # -- events -----------------------------------------------------------------------------------
-    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+    def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
         if self.resume_state is not None:
             self._continue(self.resume_state)
             return
@@ -108,7 +110,7 @@ class RunDirCallback(TrainerCallback):
         # A fresh run: no lines from an earlier run in the same directory.
         atomic_write_text(self.run.metrics, "")
         if self.cfg.eval_on_start:
-            self._evaluate(0)
+            self._evaluate(0, model)
             self.run.log_metrics({"step": 0, "episode": 0, **self.clock(), **self.pending_eval})
             self.pending_eval = {}
             if self.best_pending:  # the starting policy itself may stay the best of the run
@@ -124,17 +126,17 @@ class RunDirCallback(TrainerCallback):
         self.best.restore(saved.get("best"))
         self.last_saved_step = step
 
-    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+    def on_step_end(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
         step = int(state.global_step)
-        trajs = self.reward.pop_trajectories()
+        trajs = self.record.take_trajectories()
         if self.cfg.save_trajectories and trajs:
             for t in trajs:
                 t.metadata["step"] = step
             self.run.write_step_trajectories(step, trajs)
         if trajs and self.cadence.should_sample(step):
-            self.run.write_samples(step, trajs, self._tokenizer())
+            self.run.write_samples(step, trajs, self.tokenizer)
         if self.cadence.should_evaluate(step):
-            self._evaluate(step)
+            self._evaluate(step, model)
         # Set here, acted on by transformers right after this event: the log line first, then the checkpoint
         # (SearchGRPOTrainer._save_checkpoint), so a checkpoint never lacks its own step in metrics.jsonl.
         if self.cadence.should_log(step, self.pending_eval):
@@ -147,7 +149,7 @@ class RunDirCallback(TrainerCallback):
     ) -> None:
         numbers = {k: v for k, v in (logs or {}).items() if isinstance(v, int | float)}
         numbers.update({ours: numbers[trl] for trl, ours in TRL_TO_PPO_NAMES.items() if trl in numbers})
-        line = {"step": int(state.global_step), "episode": self.reward.episodes, **self.clock(), **numbers}
+        line = {"step": int(state.global_step), "episode": self.record.episodes, **self.clock(), **numbers}
         line.update(self.pending_eval)
         self.pending_eval = {}
         self.run.log_metrics(line)
@@ -159,9 +161,10 @@ class RunDirCallback(TrainerCallback):
 
     # -- checkpoints: a temporary folder renamed into place, `trainer_state.json` marks completion ---
     def save_checkpoint(self, step: int) -> Path:
-        """`step-N/policy` (weights + tokenizer), `step-N/trl` (TRL's optimizer, scheduler, RNG and trainer
-        state, what `resume_from_checkpoint` reads), and our `step-N/trainer_state.json` last; then the best
-        is named and old checkpoints pruned (`save_total_limit`, never the newest or the best)."""
+        """`step-N/policy` (weights + tokenizer) and `step-N/trl` (TRL's optimizer, scheduler, RNG and trainer
+        state, what `resume_from_checkpoint` reads), both from the trainer (`save_trainer_state`), and our
+        `step-N/trainer_state.json` last; then the best is named and old checkpoints pruned
+        (`save_total_limit`, never the newest or the best). The trainer's `_save_checkpoint` calls it too."""
         final = self.run.write_checkpoint(step, lambda folder: self._fill_checkpoint(folder, step))
         if self.best_pending:
             self.best_pending = False
@@ -171,31 +174,19 @@ class RunDirCallback(TrainerCallback):
         return final
 
     def _fill_checkpoint(self, folder: Path, step: int) -> None:
-        model = self._model()
-        trainer = self.trainer
-        assert trainer is not None
-        save_model_dir(model, trainer.processing_class, folder / "policy")
-        trl_dir = folder / "trl"
-        trl_dir.mkdir()
-        # transformers' own pieces of `Trainer._save_checkpoint`, minus the weights (saved above, once). Private
-        # methods of transformers' Trainer: the public `save_model` writes weights only, and nothing public
-        # writes the optimizer, scheduler, scaler and RNG states that `resume_from_checkpoint` reads.
-        trainer._save_optimizer_and_scheduler(str(trl_dir))
-        trainer._save_scaler(str(trl_dir))
-        trainer._save_rng_state(str(trl_dir))
-        trainer.state.save_to_json(str(trl_dir / "trainer_state.json"))
+        self.save_trainer_state(folder)
         clock = self.clock()
         atomic_write_json(
             folder / "trainer_state.json",
             {
                 "global_step": step,
-                "episode": self.reward.episodes,
+                "episode": self.record.episodes,
                 "trainer": "grpo",
                 "mode": self.cfg.mode,
                 **clock,
                 "elapsed_s": clock["time/elapsed_s"],
                 "eval_s": self.training_clock.eval_seconds,
-                "rollout_calls": self.rollout.calls if self.rollout is not None else 0,
+                "rollout_calls": self.record.rollout_calls,  # our_rollout's; 0 in trl_loop
                 "best": self.best.best,
             },
         )

@@ -15,7 +15,9 @@ trainer to our pieces rather than writing another GRPO. Two modes:
 Either way `RubricReward` (`grpo/reward.py`) scores a real `Trajectory` with our `Rubric` and logs PPO's
 metrics through TRL, and `RunDirCallback` (`grpo/run_dir.py`) writes the run directory the PPO trainer
 writes, through the same run layer, and finds the checkpoint a resumed run continues from. The prompts are
-the environment's own (`grpo/dataset.py`).
+the environment's own (`grpo/dataset.py`). What these pieces need from TRL's batches (the rows, TRL's
+token-level output) and share (episodes, trajectories, the rollout's batch count) is one `BatchRecord`
+(`grpo/record.py`), made first and handed to each; none of them knows the trainer.
 
 This module builds the trainer (`build_grpo_trainer` from objects in memory, `run_grpo` from a config) and
 holds the few TRL overrides. Resume (`build_grpo_trainer(..., resume=True)`, `run_grpo(cfg, resume=True)`,
@@ -25,10 +27,12 @@ clocks and the run directory's history after the checkpoint. `EpochRepeatSampler
 depend on the epoch alone, so a resumed run replays the uninterrupted run bit for bit on CPU (tested in both
 modes).
 
-`SearchGRPOTrainer` is TRL's class with read-only hooks: it remembers the batch rows (the `rollout_func`
+`SearchGRPOTrainer` is TRL's class with read-only hooks: it writes the batch rows (the `rollout_func`
 contract passes only the prompts, and our environments need `golds` and `id`) and the token-level output
-of `_generate` (TRL does not pass its tool mask to reward functions), and saves and loads our checkpoint
-layout; each private method it overrides says why no public hook would do. Nothing in TRL's algorithm is
+of `_generate` (TRL does not pass its tool mask to reward functions) into the record, and saves and loads
+our checkpoint layout (`_save_checkpoint`, transformers' checkpoint hook, writes it through the run
+directory; its own part is the policy, saved by `save_model_dir`, and TRL's resume state); each private method it overrides says why
+no public hook would do. Nothing in TRL's algorithm is
 changed. With compact prompts (`tool_schema_in_prompt: false`) `hide_tool_schemas` empties TRL's
 per-environment schema list so that its prompts carry no tool section either.
 """
@@ -55,10 +59,12 @@ from searchrl.evaluation.evaluate import evaluate_during_training
 from searchrl.grpo.config import GRPORunConfig
 from searchrl.grpo.dataset import ROW_COLUMNS, prompt_dataset
 from searchrl.grpo.our_rollout import EngineRollout, EngineWeightSync
+from searchrl.grpo.record import BatchRecord, Generation
 from searchrl.grpo.reward import RubricReward
 from searchrl.grpo.run_dir import RunDirCallback, resume_state
 from searchrl.grpo.trl_loop import tool_env_factory
 from searchrl.models.forward_patches import remove_trainer_forward_patches, shares_storage
+from searchrl.models.io import save_model_dir
 from searchrl.models.tiny import load_policy, load_tokenizer
 from searchrl.rewards.combine import Rubric, default_rubric, load_rubric
 from searchrl.rollout.backends import RolloutBackend, check_backend, make_generator
@@ -94,23 +100,50 @@ class EpochRepeatSampler(RepeatSampler):
 
 
 class SearchGRPOTrainer(GRPOTrainer):
-    """TRL 1.16's `GRPOTrainer`, remembering each generation batch's rows and token-level output, with our
-    run directory's checkpoints. Nothing in TRL's algorithm is changed.
+    """TRL 1.16's `GRPOTrainer`, writing each generation batch's rows and token-level output into `record`,
+    with our run directory and its checkpoints. Nothing in TRL's algorithm is changed.
 
-    Public hooks first: `train` (resume from `resume_checkpoint`) and `training_step` (the batch rows) are
-    transformers' documented overridables. Four private methods remain, each because no public hook gives
-    what it needs (TRL 1.16, transformers 5); each says why.
+    Args (besides TRL's, passed on as they are):
+        cfg: the run's config; run: its `RunDir`.
+        record: the `BatchRecord` this trainer's reward and rollout were made with.
+        evaluate: model -> dev metrics, or None (`RunDirCallback`).
+        resume_from: (checkpoint, our saved state) from `resume_state`, or None for a fresh run.
+
+    It makes its `RunDirCallback` (`run_callback`, first among the callbacks) and hands it the trainer's
+    part of a checkpoint (`_save_trainer_state`). Public hooks first: `train` (resume from
+    `resume_checkpoint`) and `training_step` (the batch rows) are transformers' documented ones. Four private methods remain, each because no public hook gives what it needs
+    (TRL 1.16, transformers 5); each says why.
     """
 
-    current_inputs: list[dict[str, Any]] | None = None
-    last_generation: dict[str, Any] | None = None
-    resume_checkpoint: Path | None = None
-    run_callback: RunDirCallback | None = None
+    def __init__(
+        self,
+        *,
+        cfg: GRPORunConfig,
+        run: RunDir,
+        record: BatchRecord,
+        evaluate: Callable[[Any], dict[str, float]] | None = None,
+        resume_from: tuple[Path, dict[str, Any]] | None = None,
+        callbacks: list[Any] | None = None,
+        **trl_kwargs: Any,
+    ) -> None:
+        self.run = run
+        self.record = record
+        self.resume_checkpoint: Path | None = resume_from[0] / "trl" if resume_from is not None else None
+        self.run_callback = RunDirCallback(
+            cfg,
+            run,
+            record,
+            trl_kwargs["processing_class"],
+            evaluate,
+            save_trainer_state=self._save_trainer_state,
+            resume_state=resume_from[1] if resume_from is not None else None,
+        )
+        super().__init__(callbacks=[self.run_callback, *(callbacks or [])], **trl_kwargs)
 
     def train(self, resume_from_checkpoint: str | bool | None = None, **kwargs: Any) -> Any:
         if resume_from_checkpoint is None and self.resume_checkpoint is not None:
             resume_from_checkpoint = str(self.resume_checkpoint)
-            saved = self.run_callback.resume_state if self.run_callback is not None else None
+            saved = self.run_callback.resume_state
             done = int(saved["global_step"]) if saved else 0
             if done >= self.args.max_steps:
                 # Already at its budget. transformers would still run one step past max_steps when resumed
@@ -125,7 +158,7 @@ class SearchGRPOTrainer(GRPOTrainer):
     def training_step(self, model: Any, inputs: Any, num_items_in_batch: Any = None) -> Any:
         # The generation batch's rows: `rollout_func(prompts, trainer)` gets only the prompts, and our
         # environments need each row's `golds` and `id` (rows with the same question may differ in them).
-        self.current_inputs = inputs
+        self.record.rows = inputs
         return super().training_step(model, inputs, num_items_in_batch)
 
     def _get_train_sampler(self, dataset: Any = None) -> Any:
@@ -145,14 +178,23 @@ class SearchGRPOTrainer(GRPOTrainer):
         )
 
     def _save_checkpoint(self, model: Any, trial: Any) -> None:
-        # Private, because `on_save` fires only after transformers has written its own `checkpoint-N/` (the
-        # weights a second time, no atomic completion marker, pruned by its own rules): our layout instead,
-        # `RUN/checkpoints/step-N/` written atomically and pruned by the run layer (`RunDirCallback`).
-        if self.run_callback is None:
-            raise RuntimeError(
-                "SearchGRPOTrainer saves through its RunDirCallback; build it with build_grpo_trainer"
-            )
+        # transformers' checkpoint hook (what it calls when `control.should_save`), private, because `on_save`
+        # fires only after transformers has written its own `checkpoint-N/` (the weights a second time, no
+        # atomic completion marker, pruned by its own rules): our layout instead, `RUN/checkpoints/step-N/`
+        # written atomically and pruned by the run layer (`RunDirCallback`), filled by `_save_trainer_state`.
         self.run_callback.save_checkpoint(int(self.state.global_step))
+
+    def _save_trainer_state(self, folder: Path) -> None:
+        """The trainer's part of a checkpoint: `policy/` (`save_model_dir`: weights and tokenizer) and
+        `trl/`, what `resume_from_checkpoint` reads: transformers' own pieces of `_save_checkpoint` minus the
+        weights (written once, in `policy/`), i.e. optimizer, scheduler, scaler, RNG and trainer state."""
+        save_model_dir(self.accelerator.unwrap_model(self.model), self.processing_class, folder / "policy")
+        trl_dir = folder / "trl"
+        trl_dir.mkdir()
+        self._save_optimizer_and_scheduler(str(trl_dir))
+        self._save_scaler(str(trl_dir))
+        self._save_rng_state(str(trl_dir))
+        self.state.save_to_json(str(trl_dir / "trainer_state.json"))
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model: Any = None) -> None:
         # Private, because transformers loads the weights from `resume_from_checkpoint` itself: ours keep
@@ -167,12 +209,9 @@ class SearchGRPOTrainer(GRPOTrainer):
         # or the sampling logprobs, which `trl_loop` needs to rebuild each rollout as a `Trajectory`.
         out = super()._generate(prompts)
         prompt_ids, completion_ids, tool_mask, _completions, logprobs = out[:5]
-        self.last_generation = {
-            "prompt_ids": prompt_ids,
-            "completion_ids": completion_ids,
-            "tool_mask": tool_mask,
-            "logprobs": logprobs,
-        }
+        self.record.generation = Generation(
+            prompt_ids, completion_ids, tool_mask, logprobs, training=self.model.training
+        )
         return out
 
 
@@ -249,8 +288,8 @@ def build_grpo_trainer(
 ) -> SearchGRPOTrainer:
     """A ready-to-train `SearchGRPOTrainer` for `cfg.mode`, with config.yaml and manifest.json written.
 
-    The trainer carries `.run` (the `RunDir`), `.rubric_reward` and `.run_callback`. With `resume=True`
-    and a complete checkpoint in `cfg.output_dir`, `trainer.train()` continues from the newest one
+    The trainer carries `.run` (the `RunDir`), `.record` (its `BatchRecord`) and `.run_callback`. With
+    `resume=True` and a complete checkpoint in `cfg.output_dir`, `trainer.train()` continues from the newest one
     (`resume_state`); without a checkpoint the run starts fresh, as `searchrl train --resume` does.
     `generator_factory(model, tokenizer, generation_config)` starts `our_rollout`'s engine (PPOTrainer's
     argument); None: `make_generator` with the config's `rollout_backend`, checked here first.
@@ -268,14 +307,19 @@ def build_grpo_trainer(
     def search_env() -> SearchEnvironment:
         return SearchEnvironment(backend, env_config, tokenizer=tokenizer)
 
-    reward = RubricReward(rubric, tokenizer)
+    # What the trainer, its reward, rollout and run directory share; a resumed run's counts go on.
+    saved = resume_from[1] if resume_from is not None else {}
+    record = BatchRecord(
+        episodes=int(saved.get("episode", 0)), rollout_calls=int(saved.get("rollout_calls", 0))
+    )
+    reward = RubricReward(rubric, tokenizer, record)
     rollout = None
     if cfg.mode == "our_rollout":
         if generator_factory is None:
             engine_settings = RolloutBackend.of(cfg)
             check_backend(engine_settings)  # before TRL loads anything: vllm, CUDA, use_cpu
             generator_factory = partial(make_generator, backend=engine_settings)
-        rollout = EngineRollout(tokenizer, search_env, cfg.generation_config(), generator_factory)
+        rollout = EngineRollout(tokenizer, search_env, cfg.generation_config(), record, generator_factory)
     evaluate = None
     if eval_rows and (cfg.eval_steps or cfg.eval_on_start):
         dev_rows = [
@@ -299,16 +343,19 @@ def build_grpo_trainer(
                 generator=engine,
             )
 
-    run_callback = RunDirCallback(cfg, run, reward, evaluate)
-    run_callback.rollout = rollout
     mode_kwargs: dict[str, Any]
-    own_callbacks: list[Any] = [run_callback]
+    own_callbacks: list[Any] = []
     if rollout is None:
         mode_kwargs = {"environment_factory": tool_env_factory(backend, env_config, tokenizer)}
     else:
         mode_kwargs = {"rollout_func": rollout}
         own_callbacks.append(EngineWeightSync(rollout))  # vLLM: the new weights after every optimizer step
     trainer = SearchGRPOTrainer(
+        cfg=cfg,
+        run=run,
+        record=record,
+        evaluate=evaluate,
+        resume_from=resume_from,
         model=model,
         reward_funcs=[reward],
         args=cfg.to_trl_args(cuda_available=torch.cuda.is_available()),
@@ -322,18 +369,6 @@ def build_grpo_trainer(
     _check_reference_matches_policy(trainer, model)
     if cfg.mode == "trl_loop" and not cfg.tool_schema_in_prompt:
         hide_tool_schemas(trainer)
-    reward.trainer = trainer
-    run_callback.trainer = trainer
-    trainer.run = run  # type: ignore[attr-defined]
-    trainer.rubric_reward = reward  # type: ignore[attr-defined]
-    trainer.run_callback = run_callback
-    if resume_from is not None:
-        checkpoint, saved = resume_from
-        reward.episodes = int(saved["episode"])
-        if run_callback.rollout is not None:
-            run_callback.rollout.calls = int(saved.get("rollout_calls", 0))
-        run_callback.resume_state = saved
-        trainer.resume_checkpoint = checkpoint / "trl"
     save_config(cfg, run.config)
     run.write_manifest(
         build_manifest(

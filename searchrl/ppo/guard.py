@@ -1,15 +1,19 @@
 """The collapse guard: the most common complaint in search-agent RL is a run that collapses (entropy to zero,
 KL exploding, format broken, reward falling, NaN in the passes) unnoticed. `CollapseGuard` watches the mean
-of a window of steps' metrics and says why a bound was crossed; the trainer then rolls back to the last good
-checkpoint and lowers the learning rate (`roll_back_on_collapse`). Its state is checkpointed. `guard_step`
-is what the trainer calls after each step.
+of a window of steps' metrics and says why a bound was crossed. After each step it decides
+(`CollapseGuard.decide`) and returns a `GuardDecision`: go on, roll back to the last good checkpoint with a
+lower learning rate, or give up; `PPOTrainer.train` carries the decision out, in one place. Its state is
+checkpointed.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from typing import Any
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
 
 import numpy as np
 
@@ -18,10 +22,34 @@ from searchrl.ppo.config import PPOConfig
 
 logger = logging.getLogger(__name__)
 
-# ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class GuardDecision:
+    """What the collapse guard decided after a step; `PPOTrainer.train` carries it out.
+
+    The failed step's metrics line keeps the decision's `metrics` (`guard/*`: why, and what was done); after
+    a rollback `step` restarts from the checkpoint's step, so the log's `step` column can repeat.
+    """
+
+    action: Literal["continue", "roll_back", "give_up"] = field(
+        default="continue",
+        metadata={"help": "continue (healthy, guard off, or nothing to roll back to), roll_back or give_up."},
+    )
+    reason: str | None = field(default=None, metadata={"help": "Why the guard fired; None when it did not."})
+    metrics: Mapping[str, float | str] = field(
+        default_factory=dict, metadata={"help": "The guard/* keys this step's metrics line gets."}
+    )
+    checkpoint: Path | None = field(default=None, metadata={"help": "roll_back: the checkpoint to load."})
+    rollbacks: int = field(default=0, metadata={"help": "roll_back: the run's rollbacks, this one included."})
+    lr_scale: float = field(
+        default=1.0, metadata={"help": "roll_back: both learning rates' scale, this cut included."}
+    )
+    message: str = field(default="", metadata={"help": "give_up: the error the run stops with."})
 
 
 class CollapseGuard:
+    """The collapse bounds of `args` over a window of steps (`check`), and what to do about it (`decide`)."""
+
     def __init__(self, args: PPOConfig):
         self.args = args
         self.history: list[dict[str, float]] = []
@@ -69,6 +97,46 @@ class CollapseGuard:
                 reasons.append(f"{k} = {metrics[k]:g} (NaN or inf in the forward or backward pass)")
         return "; ".join(reasons) or None
 
+    def decide(
+        self, metrics: dict[str, Any], step: int, last_good: Path | None, rollbacks: int, lr_scale: float
+    ) -> GuardDecision:
+        """After step `step` (under `collapse_guard`): roll back to `last_good` with the learning rates cut by
+        `collapse_lr_decay` (the cut compounds: after n rollbacks they are `collapse_lr_decay ** n` of the
+        schedule's), or give up after `collapse_max_rollbacks`. Nothing to do when the run is healthy or
+        there is no checkpoint to go back to; and no rollback when this step's rollouts were sampled by the
+        last good weights themselves (it would redo the same rollouts, same step and seed, from the same
+        weights): the reason is logged and the run goes on. `rollbacks` and `lr_scale` are the run's so far.
+        """
+        a = self.args
+        if not a.collapse_guard:
+            return GuardDecision()
+        reason = self.check({k: v for k, v in metrics.items() if isinstance(v, int | float)})
+        if reason is None or last_good is None:
+            return GuardDecision()
+        target = step_of_name(last_good.name)
+        if target == step - 1:
+            logger.warning("collapse guard: %s at step %d, on the last good weights' own rollouts: no rollback",
+                           reason, step)  # fmt: skip
+            return GuardDecision(reason=reason, metrics={"guard/reason": reason, "guard/no_rollback": 1.0})
+        if rollbacks >= a.collapse_max_rollbacks:
+            message = (
+                f"collapse guard: the run collapsed again at step {step} ({reason}) after {rollbacks} rollbacks "
+                f"(collapse_max_rollbacks={a.collapse_max_rollbacks}); lower learning_rate, raise kl_coef, or "
+                "loosen the collapse_* bounds"
+            )
+            metrics_line = {"guard/reason": reason, "guard/gave_up": 1.0}
+            return GuardDecision("give_up", reason, metrics_line, message=message)
+        rollbacks, lr_scale = rollbacks + 1, lr_scale * a.collapse_lr_decay
+        metrics_line = {
+            "guard/rollback": 1.0,
+            "guard/rollbacks": float(rollbacks),
+            "guard/lr_scale": lr_scale,
+            "guard/rolled_back_to_step": float(target),
+            "guard/failed_step": float(step),
+            "guard/reason": reason,
+        }
+        return GuardDecision("roll_back", reason, metrics_line, last_good, rollbacks, lr_scale)
+
     def entropy_floor(self) -> float | None:
         """`collapse_entropy_min`, or half the first step's entropy when the starting policy is already below it.
 
@@ -109,60 +177,3 @@ def rescale_learning_rates(optimizer: Any, lr_scheduler: Any, factor: float) -> 
     if hasattr(lr_scheduler, "base_lrs"):
         lr_scheduler.base_lrs = [lr * factor for lr in lr_scheduler.base_lrs]
         lr_scheduler._last_lr = [g["lr"] for g in optimizer.param_groups]
-
-
-def roll_back_on_collapse(trainer: Any, metrics: dict[str, Any]) -> bool:
-    """Roll the trainer back to its last good checkpoint with a lower learning rate when the guard fires.
-
-    The failed step's metrics stay in the log (with `guard/*` keys saying why); `step` then restarts from
-    the checkpoint's step, so the log's `step` column can repeat after a rollback. The cut compounds: after
-    n rollbacks both learning rates are `collapse_lr_decay ** n` of the schedule's.
-    """
-    reason = trainer.guard.check({k: v for k, v in metrics.items() if isinstance(v, int | float)})
-    if reason is None or trainer.last_good_checkpoint is None:
-        return False
-    if step_of_name(trainer.last_good_checkpoint.name) == trainer.global_step - 1:
-        # This step's rollouts were sampled by the last good weights themselves: rolling back would redo the
-        # same rollouts (same step, same seed) from the same weights. Say so and go on.
-        metrics["guard/reason"] = reason
-        metrics["guard/no_rollback"] = 1.0
-        logger.warning("collapse guard: %s at step %d, on the last good weights' own rollouts: no rollback",
-                       reason, trainer.global_step)  # fmt: skip
-        return False
-    args = trainer.args
-    if trainer.rollbacks >= args.collapse_max_rollbacks:
-        if trainer.is_main:
-            trainer.run.log_metrics({**metrics, "guard/reason": reason, "guard/gave_up": 1.0})
-        raise RuntimeError(
-            f"collapse guard: the run collapsed again at step {trainer.global_step} ({reason}) after "
-            f"{trainer.rollbacks} rollbacks (collapse_max_rollbacks={args.collapse_max_rollbacks}); "
-            "lower learning_rate, raise kl_coef, or loosen the collapse_* bounds"
-        )
-    failed_step = trainer.global_step
-    rollbacks, lr_scale = trainer.rollbacks + 1, trainer.lr_scale * args.collapse_lr_decay
-    trainer.load_checkpoint(trainer.last_good_checkpoint, restore_clock=False)
-    trainer.unverified_checkpoint = None  # its weights produced the collapse
-    # The checkpoint's scheduler already carries its own lr_scale: scale by the ratio only.
-    rescale_learning_rates(trainer.optimizer, trainer.lr_scheduler, lr_scale / trainer.lr_scale)
-    trainer.rollbacks, trainer.lr_scale = rollbacks, lr_scale
-    trainer.guard.reset_window()
-    metrics.update({
-        "guard/rollback": 1.0,
-        "guard/rollbacks": float(trainer.rollbacks),
-        "guard/lr_scale": trainer.lr_scale,
-        "guard/rolled_back_to_step": float(trainer.global_step),
-        "guard/failed_step": float(failed_step),
-        "guard/reason": reason,
-    })  # fmt: skip
-    return True
-
-
-def guard_step(trainer: Any, metrics: dict[str, Any]) -> bool:
-    """After each step: under `collapse_guard`, roll back when the guard fires (`roll_back_on_collapse`); else
-    a checkpoint that waited for this step's check (`unverified_checkpoint`) becomes the rollback target.
-    True when the step was rolled back."""
-    rollback = trainer.args.collapse_guard and roll_back_on_collapse(trainer, metrics)
-    if not rollback and trainer.unverified_checkpoint is not None:
-        # This step's rollouts came from the unverified weights and passed the guard.
-        trainer.last_good_checkpoint, trainer.unverified_checkpoint = trainer.unverified_checkpoint, None
-    return bool(rollback)

@@ -16,7 +16,8 @@ Read it top to bottom; one `step()` is the whole algorithm:
                   2017) and the clipped value loss, one optimizer step per mini-batch, gradients
                   clipped to `max_grad_norm`, scheduler stepped per optimizer step.
   7. control      the KL controller sees the measured KL (batch mean of per-trajectory summed KL);
-                  the collapse guard may roll back to the last good checkpoint; metrics, checkpoints.
+                  metrics. Then `train()`: the collapse guard's decision (go on, roll back to the last
+                  good checkpoint, give up) carried out, logs, checkpoints.
 
 What differs from TRL 1.12 on purpose (see `reference/trl.md` §1.5-1.7): an explicit action mask
 instead of "first pad" validity, the score on the last *action* token, the optimizer stepped per
@@ -31,7 +32,7 @@ What is not the algorithm has its own owner: the run layer (`searchrl.common.run
 to log, evaluate, save and write samples, the best checkpoint; `common.clock`; `common.health`, the
 monitors GRPO logs too), `evaluation.evaluate.evaluate_during_training` (the dev loop), the rollout engines
 (`searchrl.rollout`), and beside this file `checkpointing.py` (what a checkpoint holds, resume),
-`callbacks.py` (transformers callbacks, the progress bar), `guard.py` (the collapse guard and its rollback),
+`callbacks.py` (transformers callbacks, the progress bar), `guard.py` (the collapse guard and its decision),
 `distributed.py` (processes, cross-rank statistics, DeepSpeed), `modeling.py` (the models), `batch.py` (the
 step's rows, trajectories as tensors) and `optim.py` (optimizer, scheduler, one clipped step).
 """
@@ -67,7 +68,7 @@ from searchrl.ppo.batch import attach_per_token, collate_trajectories, next_rows
 from searchrl.ppo.callbacks import TrainerCallbacks, progress_bar
 from searchrl.ppo.config import PPOConfig
 from searchrl.ppo.distributed import RankOps, configure_deepspeed, gathered_for_generation, seed_process
-from searchrl.ppo.guard import CollapseGuard, guard_step
+from searchrl.ppo.guard import CollapseGuard, rescale_learning_rates
 from searchrl.ppo.kl import kl_penalty, make_kl_controller, per_sequence_kl
 from searchrl.ppo.losses import policy_loss, value_loss
 from searchrl.ppo.modeling import (
@@ -218,16 +219,11 @@ class PPOTrainer:
     ) -> tuple[list[Trajectory], dict]:
         self.policy.eval()
         envs = [self.env_factory() for _ in rows]
-        gen_cfg = self.generator.config
-        saved = (gen_cfg.seed, gen_cfg.temperature)
-        gen_cfg.seed = seed
-        if temperature is not None:
-            gen_cfg.temperature = temperature
-        try:
-            with gathered_for_generation(self.wrapped_model, self.accelerator, self.uses_deepspeed):
-                batch = self.generator.rollout(envs, rows)
-        finally:
-            gen_cfg.seed, gen_cfg.temperature = saved
+        # The engine's config stays as built: this call's seed (and temperature) go with the call.
+        changes = {"seed": seed} if temperature is None else {"seed": seed, "temperature": temperature}
+        sampling = self.generator.config.sampling(**changes)
+        with gathered_for_generation(self.wrapped_model, self.accelerator, self.uses_deepspeed):
+            batch = self.generator.rollout(envs, rows, sampling)
         return list(batch.trajectories), dict(getattr(batch, "stats", {}) or {})
 
     # --- 2. score: rule rewards + weighted reward-model score, minus TRL 1.12's missing-EOS penalty ---
@@ -534,7 +530,29 @@ class PPOTrainer:
                 if self.eval_rows and self.cadence.should_evaluate(self.global_step):
                     metrics.update(self.evaluate())
                 self.training_clock.start()
-                rollback = guard_step(self, metrics)  # the collapse guard: roll back, or trust the last save
+                # The collapse guard decides (`ppo/guard.py`); what it decided is done here.
+                decision = self.guard.decide(
+                    metrics, self.global_step, self.last_good_checkpoint, self.rollbacks, self.lr_scale
+                )
+                metrics.update(decision.metrics)  # guard/*: why, and what was done
+                if decision.action == "give_up":
+                    if self.is_main:
+                        self.run.log_metrics(metrics)
+                    raise RuntimeError(decision.message)
+                if decision.action == "roll_back":
+                    # Everything the checkpoint holds comes back, but the clock runs on (the failed steps
+                    # took real time) and the best evaluation found so far is kept.
+                    self.load_checkpoint(decision.checkpoint, restore_clock=False)
+                    self.unverified_checkpoint = None  # its weights produced the collapse
+                    # The checkpoint's scheduler already carries its own lr_scale: scale by the ratio only.
+                    rescale_learning_rates(
+                        self.optimizer, self.lr_scheduler, decision.lr_scale / self.lr_scale
+                    )
+                    self.rollbacks, self.lr_scale = decision.rollbacks, decision.lr_scale
+                    self.guard.reset_window()
+                elif self.unverified_checkpoint is not None:
+                    # This step's rollouts came from the unverified weights and passed the guard.
+                    self.last_good_checkpoint, self.unverified_checkpoint = self.unverified_checkpoint, None
                 if self.cadence.should_log(self.global_step, metrics):
                     if self.is_main:  # metrics are already the same on every rank: logged once
                         self.run.log_metrics(metrics)
@@ -542,7 +560,8 @@ class PPOTrainer:
                 if self.is_main and self.last_trajectories and self.cadence.should_sample(self.global_step):
                     self.run.write_samples(self.global_step, self.last_trajectories, self.tokenizer)
                 self._callback("on_step_end")
-                checkpointing.save_after_step(self, metrics, rollback)  # every save_steps, and a new best
+                # Every save_steps, and on a new best (never right after a rollback).
+                checkpointing.save_after_step(self, metrics, decision.action == "roll_back")
                 progress(
                     self.global_step,
                     f"score {metrics['objective/scores']:.3f} kl {metrics['objective/kl']:.3f}",

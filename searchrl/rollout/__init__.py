@@ -22,6 +22,7 @@ _EXPORTS = {
     "tool_suffix_ids": "searchrl.rollout.chat",
     "GenerationConfig": "searchrl.rollout.loop",
     "RolloutBatch": "searchrl.rollout.loop",
+    "Sampling": "searchrl.rollout.sampling",
     "TokenEngine": "searchrl.rollout.loop",
     "TurnLoop": "searchrl.rollout.loop",
     "TurnParams": "searchrl.rollout.loop",

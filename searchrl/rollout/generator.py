@@ -45,6 +45,7 @@ from searchrl.rollout.loop import (
     TurnLoop,
     TurnParams,
 )
+from searchrl.rollout.sampling import Sampling
 
 
 def sampling_log_probs(
@@ -303,7 +304,7 @@ class KVCacheEngine:
     call feeds what each row's sequence gained since (its last sampled token, plus an observation when
     its turn was stepped) and drops from the cache the rows no longer asked for (finished episodes). Rows
     are known by `TurnParams.row`. Tokens are drawn for all rows at once from one `torch.Generator`
-    seeded with `config.seed`, so a rollout repeats for the same seed; `forcing` overrides the draw
+    seeded with `sampling.seed`, so a rollout repeats for the same seed; `forcing` overrides the draw
     (its logprob is still the model's). `tokens_run` / `real_tokens_run` count the positions the model
     computed (padding included / real tokens only).
     """
@@ -315,12 +316,14 @@ class KVCacheEngine:
         model: PreTrainedModel,
         pad_id: int,
         config: GenerationConfig,
+        sampling: Sampling,
         forcing: TokenForcing | None = None,
     ) -> None:
         self.kv = _KVBatch(model, pad_id, share_prompts=config.share_prompt_prefill)
-        self.config = config
+        self.compact_pad_fraction = config.compact_pad_fraction
+        self.sampling = sampling
         self.forcing = forcing
-        self.gen = torch.Generator().manual_seed(config.seed)
+        self.gen = torch.Generator().manual_seed(sampling.seed)
         self._rows: list[int] = []  # the batch row of each cache row, in cache order
         self._fed: dict[int, int] = {}  # per batch row: how many of its tokens the cache holds
 
@@ -335,8 +338,9 @@ class KVCacheEngine:
     def generate(self, prompts: Sequence[list[int]], params: Sequence[TurnParams]) -> list[TurnCompletion]:
         rows = [p.row for p in params]
         logits = self._feed(prompts, rows)
-        logp = sampling_log_probs(logits, self.config.temperature, self.config.top_k, self.config.top_p)
-        tokens = _choose_tokens(logp, self.config.temperature, self.gen)
+        s = self.sampling
+        logp = sampling_log_probs(logits, s.temperature, s.top_k, s.top_p)
+        tokens = _choose_tokens(logp, s.temperature, self.gen)
         if self.forcing is not None:
             for i, p in enumerate(params):
                 forced = self.forcing(p.row, p.turn, p.position)
@@ -375,7 +379,7 @@ class KVCacheEngine:
             obs_logits = self.kv.append_some(grown, [new[i][1:] for i in grown])
             logits = logits.clone()
             logits[torch.tensor(grown)] = obs_logits
-        self.kv.compact(force=False, threshold=self.config.compact_pad_fraction)
+        self.kv.compact(force=False, threshold=self.compact_pad_fraction)
         return logits
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
@@ -397,13 +401,13 @@ class ReplayEngine:
     tokens_run = 0
     real_tokens_run = 0
 
-    def __init__(self, vocab_size: int, config: GenerationConfig, forcing: TokenForcing | None) -> None:
+    def __init__(self, vocab_size: int, sampling: Sampling, forcing: TokenForcing | None) -> None:
         if forcing is None:
             raise ValueError("HFGenerator(model=None) replays forced tokens only: pass a forcing hook")
         self.forcing = forcing
         # Uniform logits at every step: their sampling distribution is computed once.
         self._logp = sampling_log_probs(
-            torch.zeros(1, vocab_size), config.temperature, config.top_k, config.top_p
+            torch.zeros(1, vocab_size), sampling.temperature, sampling.top_k, sampling.top_p
         )[0]
 
     def generate(self, prompts: Sequence[list[int]], params: Sequence[TurnParams]) -> list[TurnCompletion]:
@@ -429,7 +433,7 @@ class HFGenerator(TurnLoop):
         model: the policy; None replays forced tokens without running a model (`ReplayEngine`, which
             needs a `forcing` hook that forces every token; logprobs are then not meaningful).
         tokenizer: the policy's tokenizer (pad != EOS).
-        config: sampling and length limits (`GenerationConfig`), read at every rollout.
+        config: sampling and length limits (`GenerationConfig`); `rollout(..., sampling)` may sample otherwise.
         forcing: a teacher-forcing hook (`ScriptedPolicy`, an expert), read at every rollout.
         step_batch: the batched environment step (default `searchrl.env.environment.step_batch`).
     """
@@ -446,22 +450,24 @@ class HFGenerator(TurnLoop):
         self.model = model
         self.forcing = forcing
 
-    def rollout(self, envs: list[Any], rows: list[dict[str, Any]]) -> RolloutBatch:
+    def rollout(
+        self, envs: list[Any], rows: list[dict[str, Any]], sampling: Sampling | None = None
+    ) -> RolloutBatch:
         """Run one episode per (environment, row) pair, all rows in one batch, the model in eval mode."""
         was_training = self.model is not None and self.model.training
         if self.model is not None:
             self.model.eval()
         try:
             with torch.inference_mode():
-                return super().rollout(envs, rows)
+                return super().rollout(envs, rows, sampling)
         finally:
             if was_training:
                 self.model.train()
 
-    def _engine(self) -> TokenEngine:
+    def _engine(self, sampling: Sampling) -> TokenEngine:
         if self.model is None:
-            return ReplayEngine(len(self.tokenizer), self.config, self.forcing)
-        return KVCacheEngine(self.model, self.pad_id, self.config, self.forcing)
+            return ReplayEngine(len(self.tokenizer), sampling, self.forcing)
+        return KVCacheEngine(self.model, self.pad_id, self.config, sampling, self.forcing)
 
     def _model_tokens(self, engine: TokenEngine, usage: EngineUsage) -> tuple[int, int]:
         assert isinstance(engine, KVCacheEngine | ReplayEngine)

@@ -1,6 +1,8 @@
 """The one turn loop: episodes driven through any token engine, the environment and the token budgets.
 
-What: `TurnLoop.rollout(envs, rows)` runs one episode per row and returns a `RolloutBatch`. Each round
+What: `TurnLoop.rollout(envs, rows, sampling)` runs one episode per row and returns a `RolloutBatch`,
+sampling as that call's `Sampling` says (temperature, top-k, top-p, seed; by default the loop's
+`GenerationConfig`'s), so callers that share an engine never change its config. Each round
 it asks the engine (`TokenEngine.generate`) to continue every live row's sequence, given as token ids
 (prompt, sampled tokens, inserted observations); reads the answer token by token with one stopping rule;
 sends every row whose turn ended in that round to `step_batch` together (one batched search); and
@@ -37,12 +39,13 @@ from transformers import PreTrainedTokenizerBase
 from searchrl.common.trajectory import Span, Trajectory
 from searchrl.env.environment import step_batch
 from searchrl.rollout.chat import ToolGlue, observation_ids, prompt_ids, tools_key
+from searchrl.rollout.sampling import Sampling
 from searchrl.rollout.stats import rollout_stats
 
 
 @dataclass
 class GenerationConfig:
-    """Sampling and length limits of a rollout."""
+    """Sampling and length limits of a rollout (`sampling()`: the sampling part, what a call may change)."""
 
     temperature: float = field(
         default=1.0, metadata={"help": "Softmax temperature; 0 means greedy. Logprobs are recorded under it."}
@@ -70,13 +73,18 @@ class GenerationConfig:
         },
     )
 
+    def sampling(self, **changes: Any) -> Sampling:
+        """This config's sampling fields as a `Sampling`, with `changes` (e.g. `seed=`, `temperature=`)."""
+        fields = {
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "top_k": self.top_k,
+            "seed": self.seed,
+        }
+        return Sampling(**{**fields, **changes})
+
     def validate(self) -> None:
-        if self.temperature < 0:
-            raise ValueError(f"temperature={self.temperature} must be >= 0 (0 = greedy)")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p={self.top_p} must be in (0, 1]")
-        if self.top_k < 0:
-            raise ValueError(f"top_k={self.top_k} must be >= 0 (0 disables top-k)")
+        self.sampling()  # checks temperature, top_p and top_k
         if self.max_new_tokens_per_turn < 1 or self.max_episode_tokens < 1:
             raise ValueError("max_new_tokens_per_turn and max_episode_tokens must be >= 1")
 
@@ -244,7 +252,8 @@ class TurnLoop:
 
     Args:
         tokenizer: the policy's tokenizer (pad != EOS).
-        config: sampling and length limits (`GenerationConfig`), read at every rollout (trainers change it).
+        config: sampling and length limits (`GenerationConfig`); a rollout samples as its config says unless
+            the call passes its own `Sampling` (a trainer's step seed, an evaluation's temperature).
         step_batch: the batched environment step (default `searchrl.env.environment.step_batch`).
     """
 
@@ -265,8 +274,8 @@ class TurnLoop:
         self._glues: dict[str, ToolGlue] = {}
 
     # -- what a subclass provides ----------------------------------------------------------------
-    def _engine(self) -> TokenEngine:
-        """The engine for one rollout."""
+    def _engine(self, sampling: Sampling) -> TokenEngine:
+        """The engine for one rollout that samples as `sampling` says."""
         raise NotImplementedError
 
     def _model_tokens(self, engine: TokenEngine, usage: EngineUsage) -> tuple[int, int]:
@@ -278,8 +287,12 @@ class TurnLoop:
         return {}
 
     # -- the loop --------------------------------------------------------------------------------
-    def rollout(self, envs: list[Any], rows: list[dict[str, Any]]) -> RolloutBatch:
-        """Run one episode per (environment, row) pair, all rows in one batch."""
+    def rollout(
+        self, envs: list[Any], rows: list[dict[str, Any]], sampling: Sampling | None = None
+    ) -> RolloutBatch:
+        """Run one episode per (environment, row) pair, all rows in one batch, sampling as `sampling` says
+        (None: as the loop's `GenerationConfig` says)."""
+        sampling = sampling if sampling is not None else self.config.sampling()
         if len(envs) != len(rows):
             raise ValueError(
                 f"rollout needs one environment per row: got {len(envs)} envs and {len(rows)} rows"
@@ -288,19 +301,19 @@ class TurnLoop:
             return RolloutBatch([], rollout_stats([], wall_s=0.0))
         started = time.perf_counter()
         states = [self._start_row(i, env, row) for i, (env, row) in enumerate(zip(envs, rows, strict=True))]
-        engine = self._engine()
+        engine = self._engine(sampling)
         usage = EngineUsage()
         search_s = 0.0
         live = list(states)
         while live:
             asking = self._rows_with_room(live, engine)
             if asking:
-                ended = self._sample(engine, asking, usage)
+                ended = self._sample(engine, asking, usage, sampling)
                 if ended:
                     search_s += self._step_ended(ended)
             live = [r for r in live if not r.done]
         wall = time.perf_counter() - started
-        trajectories = [self._trajectory(r) for r in states]
+        trajectories = [self._trajectory(r, sampling) for r in states]
         model_tokens, real_tokens = self._model_tokens(engine, usage)
         stats = rollout_stats(
             trajectories,
@@ -334,11 +347,16 @@ class TurnLoop:
         return asking
 
     def _sample(
-        self, engine: TokenEngine, asking: list[tuple[EpisodeState, int]], usage: EngineUsage
+        self,
+        engine: TokenEngine,
+        asking: list[tuple[EpisodeState, int]],
+        usage: EngineUsage,
+        sampling: Sampling,
     ) -> list[tuple[EpisodeState, str]]:
         """One engine call for the rows in `asking`; appends their tokens. Returns the rows whose turn ended."""
         prompt_lengths = [len(r.ids) for r, _ in asking]
-        answers = engine.generate([r.ids for r, _ in asking], [self._params(r, room) for r, room in asking])
+        params = [self._params(r, room, sampling) for r, room in asking]
+        answers = engine.generate([r.ids for r, _ in asking], params)
         usage.calls += 1
         if len(answers) != len(asking):
             raise RuntimeError(f"engine returned {len(answers)} answers for {len(asking)} prompts")
@@ -356,14 +374,13 @@ class TurnLoop:
                 ended.append((r, text))
         return ended
 
-    def _params(self, r: EpisodeState, room: int) -> TurnParams:
-        cfg = self.config
+    def _params(self, r: EpisodeState, room: int, sampling: Sampling) -> TurnParams:
         return TurnParams(
             max_tokens=room,
-            temperature=cfg.temperature,
-            top_p=cfg.top_p,
-            top_k=cfg.top_k,
-            seed=self._seed(r),
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            top_k=sampling.top_k,
+            seed=self._seed(r, sampling.seed),
             stop_token_ids=[self.eos_id],
             stop=list(getattr(r.env, "stop_strings", []) or []),
             row=r.index,
@@ -371,10 +388,11 @@ class TurnLoop:
             position=len(r.turn_ids),
         )
 
-    def _seed(self, r: EpisodeState) -> int:
-        # One sampling stream per (run seed, row, turn, position) for engines seeded per request, so
+    @staticmethod
+    def _seed(r: EpisodeState, seed: int) -> int:
+        # One sampling stream per (rollout seed, row, turn, position) for engines seeded per request, so
         # rollouts repeat for the same seed (the KV-cache engine keeps one stream per rollout instead).
-        key = self.config.seed * 1_000_003 + r.index * 10_007 + r.turn_index * 101 + len(r.turn_ids)
+        key = seed * 1_000_003 + r.index * 10_007 + r.turn_index * 101 + len(r.turn_ids)
         return int(key % (2**31))
 
     def _consume(self, r: EpisodeState, out: TurnCompletion) -> tuple[bool, str, int]:
@@ -522,12 +540,11 @@ class TurnLoop:
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
-    def _trajectory(self, r: EpisodeState) -> Trajectory:
+    def _trajectory(self, r: EpisodeState, sampling: Sampling) -> Trajectory:
         env = r.env
         messages = list(r.messages)
         if r.glue is None and r.turn_index:
             messages.append({"role": "assistant", "content": r.r1_content})
-        cfg = self.config
         return Trajectory(
             id=f"{r.row.get('id', r.index)}#{r.index}",
             question_id=str(r.row.get("id", r.index)),
@@ -548,10 +565,10 @@ class TurnLoop:
             num_turns=r.turn_index,
             termination=str(getattr(env, "termination", None) or "no_answer"),
             metadata={
-                "temperature": cfg.temperature,
-                "top_p": cfg.top_p,
-                "top_k": cfg.top_k,
-                "seed": cfg.seed,
+                "temperature": sampling.temperature,
+                "top_p": sampling.top_p,
+                "top_k": sampling.top_k,
+                "seed": sampling.seed,
                 "protocol": "chat" if r.glue is not None else "search_r1",
                 "tools": list(getattr(env, "tools", []) or []),
                 "injection_attempts": int(getattr(env, "injection_attempts", 0) or 0),

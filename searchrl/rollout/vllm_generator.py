@@ -62,6 +62,7 @@ from searchrl.rollout.loop import (
     TurnLoop,
     TurnParams,
 )
+from searchrl.rollout.sampling import Sampling
 
 # -------------------------------------------------------------------------------------------------
 # Availability and weights
@@ -413,7 +414,7 @@ class VLLMGenerator(TurnLoop):
         model: the policy being trained (its weights are pushed to the engine by `sync_weights`); may be
             None with an explicit `engine` that needs no syncing.
         tokenizer: the policy's tokenizer (pad != EOS).
-        config: sampling and length limits (`GenerationConfig`), the same object PPO mutates per step.
+        config: sampling and length limits (`GenerationConfig`); `rollout(..., sampling)` may sample otherwise.
         engine: a `TokenEngine`; None starts `VLLMEngine.from_model(model, ...)` with `engine_kwargs`.
         step_batch: the batched environment step (default `searchrl.env.environment.step_batch`).
         auto_sync: sync before a rollout when the policy's parameters changed since the last sync.
@@ -459,18 +460,20 @@ class VLLMGenerator(TurnLoop):
         self._synced_version = weights_version(model)
 
     # -- the loop's engine and metrics -----------------------------------------------------------
-    def rollout(self, envs: list[Any], rows: list[dict[str, Any]]) -> RolloutBatch:
+    def rollout(
+        self, envs: list[Any], rows: list[dict[str, Any]], sampling: Sampling | None = None
+    ) -> RolloutBatch:
         """Run one episode per (environment, row) pair; the same contract as `HFGenerator.rollout`."""
         stale = self.model is not None and weights_version(self.model) != self._synced_version
         if rows and self.auto_sync and stale:
             self.sync_weights(self.model)
-        batch = super().rollout(envs, rows)
+        batch = super().rollout(envs, rows, sampling)
         for t in batch.trajectories:
             t.metadata["engine"] = getattr(self.engine, "name", type(self.engine).__name__)
         return batch
 
-    def _engine(self) -> TokenEngine:
-        return self.engine
+    def _engine(self, sampling: Sampling) -> TokenEngine:
+        return self.engine  # one engine for the run: each request carries its sampling (`TurnParams`)
 
     def _engine_stats(self, usage: EngineUsage) -> dict[str, float]:
         return {
