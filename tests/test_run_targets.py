@@ -27,10 +27,11 @@ from test_run_targets_support import (
 from typer.testing import CliRunner
 
 from searchrl.cli import app
-from searchrl.common.run import VALID_TARGETS, RunReader, RunTargetError
 from searchrl.common.trajectory import read_trajectories, write_trajectories
 from searchrl.demo.pipeline import DEMO_SYSTEM_PROMPT
 from searchrl.evaluation.audit import audit_run, audit_trajectories
+from searchrl.run.errors import VALID_TARGETS, RunTargetError
+from searchrl.run.reader import RunReader
 
 WIDE = {"COLUMNS": "2000"}  # rich wraps long messages at the terminal width; keep them on one line
 

@@ -34,7 +34,8 @@ from test_hardening_support import ROOT, build_world, free_port, make_trainer, p
 from test_run_targets_support import build_smoke_demo
 
 from searchrl.common.trajectory import read_trajectories
-from searchrl.viewer.server import RunDirError, check_run_dir
+from searchrl.run.errors import RunTargetError
+from searchrl.viewer.server import check_run_dir
 
 HTTP = httpx.Client(timeout=60.0)  # a loaded 2-core CI machine is slow
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -151,14 +152,14 @@ def test_trajectory_detail_tokens_kinds_score_and_tool_calls(viewer, run_dir):
 
 
 def test_view_command_refuses_what_it_cannot_show_and_says_what_it_can(tmp_path, run_dir):
-    with pytest.raises(RunDirError, match="not a run, a demo or a trajectories file"):
+    with pytest.raises(RunTargetError, match="not a run, a demo or a trajectories file"):
         check_run_dir(tmp_path)  # an empty folder
     started = tmp_path / "started"
     started.mkdir()
     (started / "config.yaml").write_text("seed: 1\n")  # a run folder, but nothing to show
-    with pytest.raises(RunDirError, match="has no trajectories.*save_trajectories"):
+    with pytest.raises(RunTargetError, match="has no trajectories.*save_trajectories"):
         check_run_dir(started)
-    with pytest.raises(RunDirError, match="the trajectories/ folder of"):
+    with pytest.raises(RunTargetError, match="the trajectories/ folder of"):
         check_run_dir(run_dir / "trajectories")
     out = subprocess.run(
         [sys.executable, "-m", "searchrl.cli", "view", str(tmp_path / "nope")],

@@ -57,10 +57,10 @@ import torch
 from rich.console import Console
 
 from searchrl.common.config import ConfigError, save_config
-from searchrl.common.io import atomic_write_json, write_jsonl
-from searchrl.common.run import build_manifest
+from searchrl.common.io import write_jsonl
 from searchrl.common.trajectory import write_trajectories
 from searchrl.data.synthetic import SIZE_PRESETS, generate, practice_world, preset_config
+from searchrl.demo.layouts import GRPO_LABELS, synthetic_demo_layout
 from searchrl.env.environment import SearchEnvironment
 from searchrl.evaluation import HEADLINE_METRICS
 from searchrl.evaluation.evaluate import evaluate_with_ppo_limits
@@ -76,6 +76,9 @@ from searchrl.models.tiny import (
 from searchrl.ppo.config import PPOConfig, PPOSection
 from searchrl.ppo.trainer import PPOTrainer
 from searchrl.rewards.combine import default_rubric
+from searchrl.run.layout import write_layout
+from searchrl.run.manifest import build_manifest
+from searchrl.run.writer import write_evaluation
 from searchrl.search.index import build_index
 from searchrl.sections import EnvironmentSection, GenerationSection, with_sections_of
 from searchrl.sft.expert import ExpertConfig, ExpertPolicy
@@ -434,6 +437,8 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     save_config(cfg, out / "demo_config.yaml")
+    layout = synthetic_demo_layout(cfg.compare_grpo)
+    write_layout(out, layout)  # now, so that a running demo can be viewed
     clock = StageClock(cfg.progress_bar)
     world = prepare_world(cfg, out, clock)
     tok, policy, demos, backend = world.tokenizer, world.policy, world.demos, world.backend
@@ -452,8 +457,7 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
     sft_summary, sft_trajs = clock.run(
         "eval sft", lambda: _eval_split(sft.policy, tok, test_rows, env_factory, cfg, rubric)
     )
-    atomic_write_json(out / "eval" / "sft-test.json", sft_summary)
-    write_trajectories(out / "eval" / "sft-test.jsonl.gz", sft_trajs)
+    write_evaluation(out / "eval" / "sft-test.json", sft_summary, sft_trajs)
 
     def closed_book_env() -> SearchEnvironment:
         return SearchEnvironment(FindsNothing(), env_config, tokenizer=tok)
@@ -461,7 +465,7 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
     closed_summary, _ = clock.run(
         "closed book", lambda: _eval_split(sft.policy, tok, test_rows, closed_book_env, cfg, rubric)
     )
-    atomic_write_json(out / "eval" / "sft-test-closed-book.json", closed_summary)
+    write_evaluation(out / "eval" / "sft-test-closed-book.json", closed_summary)
 
     # 7. PPO from the warm start -----------------------------------------------------------------------
     ppo_args = cfg.ppo_config()
@@ -487,8 +491,7 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
     ppo_summary, ppo_trajs = clock.run(
         "eval ppo", lambda: _eval_split(trainer.policy, tok, test_rows, env_factory, cfg, rubric)
     )
-    atomic_write_json(out / "eval" / "ppo-test.json", ppo_summary)
-    write_trajectories(out / "eval" / "ppo-test.jsonl.gz", ppo_trajs)
+    write_evaluation(out / "eval" / "ppo-test.json", ppo_summary, ppo_trajs)
 
     # 9. summary and report ---------------------------------------------------------------------------
     summary: dict[str, Any] = {
@@ -528,18 +531,15 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
                 f"eval grpo {mode}",
                 lambda p=grpo_policy: _eval_split(p, tok, test_rows, env_factory, cfg, rubric),
             )
-            atomic_write_json(out / f"grpo_{mode}" / "eval" / "test-final.json", grpo_summary)
+            write_evaluation(out / f"grpo_{mode}" / "eval" / "test-final.json", grpo_summary)
             summary[f"grpo_{mode}"] = {"test": _headline(grpo_summary)}
             compare[label] = out / f"grpo_{mode}"
-    atomic_write_json(out / "summary.json", summary)
+    write_layout(out, layout, summary)
     clock.run("report", lambda: _write_report(out, summary, compare))
     summary["wall_seconds"] = round(time.perf_counter() - t_start, 1)
     summary["peak_rss_mb"] = round(peak_rss_mb(), 1)
-    atomic_write_json(out / "summary.json", summary)
+    write_layout(out, layout, summary)
     return summary
-
-
-GRPO_LABELS = {"trl_loop": "GRPO (TRL loop)", "our_rollout": "GRPO (our rollout)"}
 
 
 def _train_grpo(mode, sft_dir, tok, train_rows, dev_rows, backend, rubric, out, ppo_args) -> Path:

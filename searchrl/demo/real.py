@@ -52,10 +52,10 @@ import yaml
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from searchrl.common.config import ConfigError, save_config
-from searchrl.common.io import atomic_write_json, read_jsonl
-from searchrl.common.run import build_manifest
+from searchrl.common.io import atomic_write_json
 from searchrl.common.trajectory import Trajectory, write_trajectories
 from searchrl.data.realqa import RealQATask, build_realqa
+from searchrl.demo.layouts import BASELINE_FILES, real_demo_layout
 from searchrl.demo.pipeline import FindsNothing, StageClock, peak_rss_mb, stage_ppo_config
 from searchrl.env.environment import SearchEnvironment
 from searchrl.env.protocol import ANSWER_OPEN, format_search_r1_call, format_tool_call
@@ -67,6 +67,10 @@ from searchrl.ppo.config import PPOConfig, PPOSection
 from searchrl.ppo.trainer import PPOTrainer
 from searchrl.rewards.combine import default_rubric
 from searchrl.rollout.generator import GenerationConfig, HFGenerator, RolloutBatch
+from searchrl.run.layout import write_layout
+from searchrl.run.manifest import build_manifest
+from searchrl.run.reader import RunReader
+from searchrl.run.writer import write_evaluation
 from searchrl.search.index import build_index
 from searchrl.sections import EnvironmentSection, GenerationSection
 from searchrl.sft.real_expert import RealExpert, RealExpertConfig, question_query
@@ -688,15 +692,7 @@ def _headline(summary: dict[str, Any]) -> dict[str, Any]:
 
 
 def _write_eval(out: Path, name: str, summary: dict[str, Any], trajs: list[Trajectory], extra: dict) -> None:
-    atomic_write_json(out / "eval" / f"{name}.json", {**extra, **summary})
-    write_trajectories(out / "eval" / f"{name}.jsonl.gz", trajs)
-
-
-BASELINE_FILES = {
-    "closed_book": "base-test-closed-book",
-    "naive_rag": "base-test-naive-rag",
-    "zero_shot": "base-test-zero-shot",
-}
+    write_evaluation(out / "eval" / f"{name}.json", {**extra, **summary}, trajs)
 
 
 # -- the demo ----------------------------------------------------------------------------------------------------
@@ -730,6 +726,8 @@ def run_real_demo(cfg: RealDemoConfig) -> dict[str, Any]:
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     save_config(cfg, out / "demo_config.yaml")
+    layout = real_demo_layout(cfg.baselines)
+    write_layout(out, layout)  # now, so that a running demo can be viewed
     clock = RealStageClock(cfg.progress_bar)
     rubric = default_rubric()
 
@@ -849,7 +847,7 @@ def run_real_demo(cfg: RealDemoConfig) -> dict[str, Any]:
         return trainer
 
     trainer = clock.run("ppo", train_ppo)
-    ppo_metrics = list(read_jsonl(out / "ppo" / "metrics.jsonl"))
+    ppo_metrics = RunReader(out / "ppo").metrics()
 
     # 9. evaluate PPO ------------------------------------------------------------------------------------------------
     # LoRA: the adapter merged into the weights (decoding is faster without the adapter's extra layers).
@@ -887,7 +885,7 @@ def run_real_demo(cfg: RealDemoConfig) -> dict[str, Any]:
             "end": [round(x, 2) for x in os.getloadavg()],
         },
     )
-    atomic_write_json(out / "summary.json", summary)
+    write_layout(out, layout, summary)
     return summary
 
 

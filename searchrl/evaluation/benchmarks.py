@@ -45,7 +45,6 @@ from searchrl.evaluation.evaluate import (
     DEFAULT_BOOTSTRAP,
     DEFAULT_CONFIDENCE,
     GeneratorFactory,
-    _step_of,
     check_search_args,
     default_eval_output,
     eval_setup,
@@ -55,6 +54,7 @@ from searchrl.evaluation.evaluate import (
     trajectory_values,
     write_eval,
 )
+from searchrl.run.writer import step_of
 
 # The metrics of the table: exact match (the paper's metric), F1 and searches per question.
 SUITE_METRICS: tuple[str, ...] = ("exact_match", "f1", "searches_per_question")
@@ -189,7 +189,7 @@ def evaluate_benchmarks(
         "kind": SUITE_KIND,
         "split": SUITE_KIND,
         "checkpoint": name,
-        "step": 0 if name == "initial" else _step_of(name),
+        "step": 0 if name == "initial" else step_of(name),
         "model": str(model_dir),
         "run": None if root is None else str(root),
         "trainer": None if reader is None else reader.trainer,

@@ -15,8 +15,8 @@ from rich.console import Console
 from rich.table import Table
 
 from searchrl.common.io import atomic_write_json
-from searchrl.common.run import RunReader
 from searchrl.evaluation import HEADLINE_METRICS
+from searchrl.run.reader import RunReader
 
 VERDICT_STYLE = {"pass": "green", "warn": "yellow", "fail": "bold red", "skipped": "dim"}
 

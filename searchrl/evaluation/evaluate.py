@@ -28,17 +28,17 @@ from typing import Any
 
 import numpy as np
 
-from searchrl.common.config import load_config
-from searchrl.common.io import atomic_write_json
-from searchrl.common.run import RunReader, RunTargetError
-from searchrl.common.trajectory import TERMINATION_REASONS, Trajectory, write_trajectories
+from searchrl.common.trajectory import TERMINATION_REASONS, Trajectory
 from searchrl.data.datasets import load_qa
 from searchrl.env.environment import EnvConfig, SearchEnvironment
 from searchrl.rewards.citation import citation_status
-from searchrl.rewards.combine import default_rubric, load_rubric
+from searchrl.rewards.combine import default_rubric
 from searchrl.rewards.qa import exact_match, f1_score
 from searchrl.rewards.shaping import is_well_formed
 from searchrl.rollout.generator import GenerationConfig, HFGenerator
+from searchrl.run.errors import RunTargetError
+from searchrl.run.reader import RunReader
+from searchrl.run.writer import step_of, write_evaluation
 
 # Metrics that are a mean over questions (one value per trajectory).
 PER_QUESTION_METRICS = (
@@ -508,15 +508,6 @@ def evaluate_with_ppo_limits(
     )
 
 
-def run_env_config(run_dir: str | Path | None, config: Any) -> Any:
-    """`RUN/env.yaml` (an `EnvConfig`) when the run recorded one, else what its config implies."""
-    if run_dir is not None and (Path(run_dir) / "env.yaml").exists():
-        return load_config(EnvConfig, Path(run_dir) / "env.yaml")
-    if config is None:
-        return EnvConfig()
-    return env_config_from_ppo(config)
-
-
 def _resolve_model(
     reader: Any, config: Any, model: str | Path | None, checkpoint: str | None
 ) -> tuple[Path, str]:
@@ -651,12 +642,15 @@ def eval_setup(
     rubric: Any = None,
 ) -> tuple[Any, Any, Any, GenerationConfig, Any]:
     """(policy, tokenizer, env config, generation config, rubric) of an evaluation: the model folder's policy,
-    and each setting as given, else what the run implies (`run_env_config`, `default_generation_config`, the
-    run's rubric)."""
+    and each setting as given, else the run's (`RunReader.environment`, `default_generation_config`,
+    `RunReader.rubric`; without a run, the defaults)."""
     policy, tokenizer = load_policy_for_eval(reader, config, model_dir)
-    env_cfg = env_config if env_config is not None else run_env_config(root, config)
-    gen_cfg = generation_config or default_generation_config(config, env_cfg)
-    return policy, tokenizer, env_cfg, gen_cfg, rubric if rubric is not None else _run_rubric(config)
+    if env_config is None:
+        env_config = reader.environment() if reader is not None else EnvConfig()
+    gen_cfg = generation_config or default_generation_config(config, env_config)
+    if rubric is None:
+        rubric = reader.rubric() if reader is not None else default_rubric()
+    return policy, tokenizer, env_config, gen_cfg, rubric
 
 
 def default_eval_output(root: Path | None, model_dir: Path, stem: str) -> Path:
@@ -666,9 +660,8 @@ def default_eval_output(root: Path | None, model_dir: Path, stem: str) -> Path:
 
 
 def write_eval(output: Path, payload: dict[str, Any], trajectories: Sequence[Trajectory]) -> None:
-    """An evaluation's JSON and its trajectories beside it (`trajectories_path`), both written atomically."""
-    atomic_write_json(output, payload)
-    write_trajectories(trajectories_path(output), list(trajectories))
+    """An evaluation's JSON and its trajectories beside it, through the run writer (`write_evaluation`)."""
+    write_evaluation(output, payload, trajectories)
 
 
 @contextlib.contextmanager
@@ -752,7 +745,7 @@ def _evaluate_target(
         generator_factory=options["generator_factory"],
     )
     output = Path(output) if output is not None else default_eval_output(root, model_dir, f"{split}-{name}")
-    step = 0 if name == "initial" else _step_of(name)
+    step = 0 if name == "initial" else step_of(name)
     payload = {
         "split": split,
         "checkpoint": name,
@@ -800,21 +793,3 @@ def default_generation_config(config: Any, env_cfg: Any) -> GenerationConfig:
     if config is not None:
         return generation_config_from_ppo(config)
     return GenerationConfig(max_new_tokens_per_turn=64, max_episode_tokens=env_cfg.max_total_tokens)
-
-
-def _step_of(name: str) -> int | None:
-    number = name[len("step-") :] if name.startswith("step-") else ""
-    return int(number) if number.isdigit() else None
-
-
-def trajectories_path(json_path: str | Path) -> Path:
-    """Where the trajectories of an eval JSON live: `<name>.trajectories.jsonl.gz` beside it."""
-    path = Path(json_path)
-    stem = path.name[: -len(".json")] if path.name.endswith(".json") else path.name
-    return path.with_name(stem + ".trajectories.jsonl.gz")
-
-
-def _run_rubric(config: Any) -> Any:
-    if config is not None and config.reward_config_path:
-        return load_rubric(config.reward_config_path)
-    return default_rubric()

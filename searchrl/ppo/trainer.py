@@ -27,7 +27,7 @@ Several processes (`accelerate launch --num_processes N`): each rank rolls out i
 batch; token weights, whitening, the controller's KL and the metrics are made global through `self.ranks`
 (`distributed.py` says how); on one process every such call is the identity.
 
-What is not the algorithm has its own owner: the run layer (`searchrl.common.run`: the run directory, when
+What is not the algorithm has its own owner: the run layer (`searchrl.run.writer`: the run directory, when
 to log, evaluate, save and write samples, the best checkpoint; `common.clock`; `common.health`, the
 monitors GRPO logs too), `evaluation.evaluate.evaluate_during_training` (the dev loop), the rollout engines
 (`searchrl.rollout`), and beside this file `checkpointing.py` (what a checkpoint holds, resume),
@@ -52,7 +52,6 @@ from torch import nn
 
 from searchrl.common.clock import TrainingClock
 from searchrl.common.health import likelihood_metrics
-from searchrl.common.run import BestCheckpoint, Cadence, RunDir
 from searchrl.common.trajectory import Trajectory
 from searchrl.evaluation.evaluate import evaluate_during_training, generation_config_from_ppo
 from searchrl.ppo import checkpointing
@@ -81,6 +80,7 @@ from searchrl.ppo.optim import clip_and_step, optimizer_and_scheduler
 from searchrl.rewards.qa import answered_right
 from searchrl.rollout.backends import RolloutBackend, make_generator, sync_engine_weights
 from searchrl.rollout.stats import scored_episode_stats
+from searchrl.run.writer import BestCheckpoint, Cadence, RunDir
 
 __all__ = ["PPOTrainer", "collate_trajectories", "trim_to_length"]
 
