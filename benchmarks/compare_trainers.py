@@ -58,11 +58,11 @@ from _experiment_common import (  # noqa: E402
     write_json,
 )
 
-from searchrl.common.io import atomic_write_json  # noqa: E402
 from searchrl.evaluation.compare import TrainerCurve, read_trainer_curve  # noqa: E402
 from searchrl.evaluation.evaluate import generation_config_from_ppo  # noqa: E402
 from searchrl.evaluation.report import write_report  # noqa: E402
 from searchrl.ppo.config import PPOConfig  # noqa: E402
+from searchrl.run.writer import write_evaluation  # noqa: E402
 
 # name -> (label in plots and report, GRPO mode or None for PPO)
 TRAINERS: dict[str, tuple[str, str | None]] = {
@@ -135,7 +135,7 @@ def run_trainer(name: str, run: DemoRun, args: PPOConfig, backend: Any, out_dir:
         policy = load_policy(final_policy_dir(run_dir))
     wall = time.perf_counter() - t0
     summary = test_split(policy, tok, run, args, env_factory, rubric)
-    atomic_write_json(out_dir / "eval" / TEST_FILE, {"split": "test", "trainer": name, **summary})
+    write_evaluation(out_dir / "eval" / TEST_FILE, {"split": "test", "trainer": name, **summary})
     curve = read_trainer_curve(label, out_dir)
     return entry(name, curve, summary, wall)
 
