@@ -152,6 +152,28 @@ def test_each_span_is_decoded_from_its_own_tokens(world):
     assert "Amsel Drov born" in render_trajectory(traj, None).replace("&quot;", '"')
 
 
+def test_the_report_and_the_viewer_give_every_token_the_same_kind(world):
+    """One rule (`searchrl.common.trajectory.token_kinds`) for both: the same trajectory rendered by the report
+    and served by the viewer has the same kind on every token, the chat template's glue inside an observation
+    span included (the span says observation; the tokens around the document text are glue)."""
+    from searchrl.viewer.server import token_rows
+
+    tok = world["tok"]
+    inner_glue = 0
+    for traj in world["result"].trajectories:
+        page = render_trajectory(traj, tok)
+        from_report: list[str | None] = [None] * len(traj.input_ids)
+        for kind, start, end in re.findall(r'class="span (\w+)" title="\w+: tokens (\d+)-(\d+)', page):
+            for i in range(int(start), int(end)):
+                assert from_report[i] is None, f"token {i} rendered twice"
+                from_report[i] = kind
+        from_viewer = [row["kind"] for row in token_rows(traj, tok)]
+        assert from_report == from_viewer, traj.id
+        observed = [i for s in traj.spans if s.kind == "observation" for i in range(s.start, s.end)]
+        inner_glue += sum(from_viewer[i] == "glue" for i in observed)
+    assert inner_glue > 0  # the case where the two rules used to disagree is exercised
+
+
 def test_report_cli_on_a_run_that_has_just_started_and_on_folders_that_are_not_runs(tmp_path):
     started = tmp_path / "started"
     started.mkdir()

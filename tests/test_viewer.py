@@ -195,16 +195,16 @@ def test_demo_directory_offers_training_and_both_hidden_test_evaluations(demo_vi
     assert [s["id"] for s in summary["sources"]] == ["train", "sft-test", "ppo-test"]
     assert summary["source"]["id"] == "train" and summary["steps"] == [1, 2]
     for name in ("sft-test", "ppo-test"):
-        trajs = read_trajectories(demo_dir / "eval" / f"{name}.jsonl.gz")
+        trajs = read_trajectories(demo_dir / "eval" / f"{name}.trajectories.jsonl.gz")
         listed = HTTP.get(demo_viewer + "/api/trajectories", params={"source": name}).json()
         assert listed["total"] == len(trajs) == 16
         assert [r["id"] for r in listed["rows"]] == [t.id for t in trajs]
         assert all(r["step"] is None and r["source"] == name for r in listed["rows"])
         assert HTTP.get(demo_viewer + "/api/summary", params={"source": name}).json()["steps"] == []
     detail = HTTP.get(demo_viewer + "/api/trajectories/3", params={"source": "ppo-test"}).json()
-    assert [t["id"] for t in detail["tokens"]] == read_trajectories(demo_dir / "eval" / "ppo-test.jsonl.gz")[
-        3
-    ].input_ids
+    assert [t["id"] for t in detail["tokens"]] == read_trajectories(
+        demo_dir / "eval" / "ppo-test.trajectories.jsonl.gz"
+    )[3].input_ids
     assert detail["has_ppo_values"] is False  # an evaluation: no advantages, KL or values
     unknown = HTTP.get(demo_viewer + "/api/trajectories", params={"source": "dev"})
     assert unknown.status_code == 422 and "train, sft-test, ppo-test" in unknown.json()["error"]
@@ -422,7 +422,7 @@ def test_headless_chromium_opens_the_demo_and_chooses_the_hidden_test_evaluation
     chromium.wait_for(f"location.hash === '#/?source=sft-test' && {ready}")
     assert chromium.js("document.querySelector('#source').value") == "sft-test"
     assert chromium.js("document.querySelector('#source-title').textContent").startswith("SFT policy")
-    trajs = read_trajectories(demo_dir / "eval" / "sft-test.jsonl.gz")
+    trajs = read_trajectories(demo_dir / "eval" / "sft-test.trajectories.jsonl.gz")
     ids = chromium.js("[...document.querySelectorAll('tr.traj-row a.traj-link')].map(a => a.textContent)")
     assert ids == [t.id for t in trajs]
     assert chromium.js(

@@ -29,7 +29,9 @@ def demo_evaluation(stage: str, split: str = "test", variant: str | None = None)
 
 
 def _layout(
-    evaluations: Iterable[DemoEvaluation], grpo_modes: Iterable[str] = (), stages: Iterable[str] = ("sft", "ppo")
+    evaluations: Iterable[DemoEvaluation],
+    grpo_modes: Iterable[str] = (),
+    stages: Iterable[str] = ("sft", "ppo"),
 ) -> DemoLayout:
     modes = list(grpo_modes)
     return DemoLayout(
@@ -51,7 +53,11 @@ def _layout(
 def synthetic_demo_layout(compare_grpo: bool) -> DemoLayout:
     """The synthetic demo (`searchrl demo`): SFT, then PPO, each measured on the hidden test split (SFT also
     closed book); with `--compare-grpo`, the two GRPO runs beside PPO."""
-    evaluations = [demo_evaluation("sft"), demo_evaluation("sft", variant="closed-book"), demo_evaluation("ppo")]
+    evaluations = [
+        demo_evaluation("sft"),
+        demo_evaluation("sft", variant="closed-book"),
+        demo_evaluation("ppo"),
+    ]
     return _layout(evaluations, GRPO_LABELS if compare_grpo else ())
 
 

@@ -229,6 +229,9 @@ class RunReader:
             self.root = folder
             self.demo_root, self.layout = _demo_of_main_run(folder)
             self.kind = self._trainer_of(folder)
+            _ = (
+                self.raw_config
+            )  # a config.yaml that does not parse is refused now, not halfway through a command
             return
         if any((folder / marker).is_file() for marker in _OLD_DEMO_MARKERS):
             read_layout(folder)  # refuses a demo folder written before the layout, saying to rerun it
