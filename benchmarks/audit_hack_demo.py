@@ -34,7 +34,7 @@ from searchrl.data.synthetic import expert_queries, generate, preset_config
 from searchrl.env.environment import EnvConfig, SearchEnvironment
 from searchrl.env.protocol import format_answer, format_tool_call
 from searchrl.evaluation.audit import audit_run
-from searchrl.evaluation.evaluate import evaluate_policy
+from searchrl.evaluation.loop import evaluate_policy
 from searchrl.evaluation.report import write_report
 from searchrl.models.tiny import TinyModelConfig, build_policy, tokenizer_training_texts, train_tokenizer
 from searchrl.rewards.combine import default_rubric, load_rubric

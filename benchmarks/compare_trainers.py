@@ -13,7 +13,7 @@ trainers a budget of their own, for a comparison at equal wall-clock rather than
 the sections it shares with the demo's `PPOConfig` (`searchrl.grpo.warm_start.train_grpo_from_warm_start`).
 During training each one evaluates on the dev split at step 0, every `eval_steps` steps and at its last
 step (greedy, our engine, `RUN/eval/step-N.json`); at the end each final policy is evaluated once on the
-hidden test split with `searchrl.evaluation.evaluate.evaluate_with_ppo_limits` (bootstrap 95% intervals),
+hidden test split with `searchrl.evaluation.loop.evaluate_with_ppo_limits` (bootstrap 95% intervals),
 as the demo evaluates PPO.
 
 The x axes are `episode` and `time/train_s` (wall-clock minus evaluation time): a trainer is not charged
@@ -59,7 +59,7 @@ from _experiment_common import (  # noqa: E402
 )
 
 from searchrl.evaluation.compare import TrainerCurve, read_trainer_curve  # noqa: E402
-from searchrl.evaluation.evaluate import generation_config_from_ppo  # noqa: E402
+from searchrl.evaluation.loop import generation_config_from_ppo  # noqa: E402
 from searchrl.evaluation.report import write_report  # noqa: E402
 from searchrl.ppo.config import PPOConfig  # noqa: E402
 from searchrl.run.writer import write_evaluation  # noqa: E402
@@ -90,7 +90,7 @@ def train_ppo(run: DemoRun, args: PPOConfig, backend: Any) -> Any:
 # ---------------------------------------------------------------------------------------------------
 def test_split(policy: Any, tok: Any, run: DemoRun, args: PPOConfig, env_factory: Any, rubric: Any) -> dict:
     """The demo's test evaluation (greedy, PPO's rollout limits, bootstrap CIs) of a final policy."""
-    from searchrl.evaluation.evaluate import evaluate_with_ppo_limits
+    from searchrl.evaluation.loop import evaluate_with_ppo_limits
 
     result = evaluate_with_ppo_limits(
         policy, tok, run.test_rows, env_factory, args, rubric=rubric, seed=run.config.seed

@@ -219,7 +219,7 @@ def _write_jsonl(path: Path, rows: list[dict]) -> None:
 
 def test_eval_of_the_lora_run_on_unseen_data_from_another_directory(toy_run, tmp_path, monkeypatch):
     from searchrl.demo.real import real_generator_factory
-    from searchrl.evaluation.evaluate import evaluate_run, load_policy_for_eval
+    from searchrl.evaluation.targets import evaluate_run, load_policy_for_eval
     from searchrl.run.reader import RunReader
 
     fresh = tmp_path / "fresh"

@@ -25,13 +25,13 @@ from searchrl.common.trajectory import read_trajectories
 from searchrl.data.synthetic import expert_queries, generate, preset_config
 from searchrl.env.environment import SearchEnvironment
 from searchrl.env.protocol import format_answer, format_tool_call
-from searchrl.evaluation.evaluate import (
+from searchrl.evaluation.loop import (
     env_config_from_ppo,
     evaluate_during_training,
     evaluate_policy,
-    evaluate_run,
     generation_config_from_ppo,
 )
+from searchrl.evaluation.targets import evaluate_run
 from searchrl.models.tiny import build_policy, tokenizer_training_texts, train_tokenizer
 from searchrl.ppo.config import PPOConfig
 from searchrl.rewards.combine import default_rubric
@@ -213,7 +213,7 @@ def test_cli_eval_explains_what_is_missing(world, tmp_path):
 
 def test_a_recorded_env_yaml_wins_over_what_the_ppo_config_implies(world, tmp_path):
     from searchrl.env.environment import EnvConfig
-    from searchrl.evaluation.evaluate import load_run_config
+    from searchrl.evaluation.targets import load_run_config
     from searchrl.run.reader import RunReader
 
     cfg = load_run_config(world["run"])

@@ -16,7 +16,7 @@ from worlds import GrpoWorld
 
 from searchrl.common.config import ConfigError, load_config
 from searchrl.demo.pipeline import DemoConfig, smoke_config
-from searchrl.evaluation.evaluate import generation_config_from_ppo
+from searchrl.evaluation.loop import generation_config_from_ppo
 from searchrl.grpo.config import GRPORunConfig
 from searchrl.grpo.trainer import generation_config_for
 from searchrl.grpo.warm_start import train_grpo_from_warm_start

@@ -147,7 +147,7 @@ def test_bfloat16_export_and_a_missing_base_model(runs, tmp_path):
 
 
 def test_a_relative_base_path_is_found_from_any_working_directory(runs, tmp_path, monkeypatch):
-    from searchrl.evaluation.evaluate import load_policy_for_eval
+    from searchrl.evaluation.targets import load_policy_for_eval
     from searchrl.run.reader import RunReader
 
     run, base, tok = runs["lora"]

@@ -23,8 +23,9 @@ from searchrl.common.io import append_jsonl, atomic_write_json
 from searchrl.common.trajectory import write_trajectories
 from searchrl.env.environment import EnvConfig, SearchEnvironment
 from searchrl.env.protocol import format_answer, format_tool_call
-from searchrl.evaluation.evaluate import evaluate_policy, evaluate_run
+from searchrl.evaluation.loop import evaluate_policy
 from searchrl.evaluation.report import render_trajectory, write_report
+from searchrl.evaluation.targets import evaluate_run
 from searchrl.models.tiny import build_policy, tokenizer_training_texts, train_tokenizer
 from searchrl.rewards.combine import default_rubric
 from searchrl.rollout.generator import GenerationConfig, HFGenerator, ScriptedPolicy
@@ -219,7 +220,7 @@ def test_report_on_a_real_ppo_run_with_offline_eval_and_audit(world, tmp_path):
         num_eval_questions=3,
         progress_bar=False,
     )
-    from searchrl.evaluation.evaluate import env_config_from_ppo
+    from searchrl.evaluation.loop import env_config_from_ppo
     from searchrl.search.index import load_index
 
     backend = load_index(root / "index")

@@ -443,7 +443,7 @@ def test_eval_of_the_demo_reproduces_its_hidden_test_evaluations_token_for_token
 
 
 def test_eval_of_a_grpo_run_on_a_corpus_and_questions_it_never_saw(grpo, tmp_path):
-    from searchrl.evaluation.evaluate import evaluate_run, load_run_config
+    from searchrl.evaluation.targets import evaluate_run, load_run_config
     from searchrl.grpo.config import GRPORunConfig
 
     assert isinstance(load_run_config(grpo.run), GRPORunConfig)  # read as GRPO, not refused as a PPOConfig

@@ -63,7 +63,7 @@ from searchrl.data.synthetic import SIZE_PRESETS, generate, practice_world, pres
 from searchrl.demo.layouts import GRPO_LABELS, synthetic_demo_layout
 from searchrl.env.environment import SearchEnvironment
 from searchrl.evaluation import HEADLINE_METRICS
-from searchrl.evaluation.evaluate import evaluate_with_ppo_limits
+from searchrl.evaluation.loop import evaluate_with_ppo_limits
 from searchrl.evaluation.report import write_report
 from searchrl.grpo.warm_start import final_policy_dir, train_grpo_from_warm_start
 from searchrl.models.tiny import (

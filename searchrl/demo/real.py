@@ -60,7 +60,8 @@ from searchrl.demo.pipeline import FindsNothing, StageClock, peak_rss_mb, stage_
 from searchrl.env.environment import SearchEnvironment
 from searchrl.env.protocol import ANSWER_OPEN, format_search_r1_call, format_tool_call
 from searchrl.evaluation import HEADLINE_METRICS
-from searchrl.evaluation.evaluate import evaluate_policy, generation_config_from_ppo, summarise
+from searchrl.evaluation.loop import evaluate_policy, generation_config_from_ppo
+from searchrl.evaluation.statistics import summarise
 from searchrl.models.gguf import MANIFEST_NAME, import_gguf
 from searchrl.models.tiny import load_policy, load_tokenizer
 from searchrl.ppo.config import PPOConfig, PPOSection

@@ -152,7 +152,7 @@ def eval_command(
 ) -> None:
     """Evaluate a checkpoint or any model (greedy, the run's prompt, protocol and budgets) on any split and index,
     or on Search-R1's seven QA sets (--benchmarks)."""
-    from searchrl.evaluation.evaluate import evaluate_run  # torch: when the command runs, not for --help
+    from searchrl.evaluation.targets import evaluate_run  # torch: when the command runs, not for --help
 
     if run is None and model is None:
         raise typer.BadParameter("give --run DIR (a training run or a demo) or --model PATH (a model folder)")

@@ -50,7 +50,7 @@ from transformers.trainer_utils import TrainOutput
 from searchrl.common.config import ConfigError, save_config
 from searchrl.data.datasets import load_qa
 from searchrl.env.environment import EnvConfig, SearchEnvironment
-from searchrl.evaluation.evaluate import evaluate_during_training, generation_config_from_ppo
+from searchrl.evaluation.loop import evaluate_during_training, generation_config_from_ppo
 from searchrl.grpo.config import GRPORunConfig
 from searchrl.grpo.dataset import ROW_COLUMNS, prompt_dataset
 from searchrl.grpo.our_rollout import EngineRollout, EngineWeightSync

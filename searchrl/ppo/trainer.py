@@ -29,7 +29,7 @@ batch; token weights, whitening, the controller's KL and the metrics are made gl
 
 What is not the algorithm has its own owner: the run layer (`searchrl.run.writer`: the run directory, when
 to log, evaluate, save and write samples, the best checkpoint; `common.clock`; `common.health`, the
-monitors GRPO logs too), `evaluation.evaluate.evaluate_during_training` (the dev loop), the rollout engines
+monitors GRPO logs too), `evaluation.loop.evaluate_during_training` (the dev loop), the rollout engines
 (`searchrl.rollout`), and beside this file `checkpointing.py` (what a checkpoint holds, resume),
 `callbacks.py` (transformers callbacks, the progress bar), `guard.py` (the collapse guard and its rollback),
 `distributed.py` (processes, cross-rank statistics, DeepSpeed), `modeling.py` (the models), `batch.py` (the
@@ -53,7 +53,7 @@ from torch import nn
 from searchrl.common.clock import TrainingClock
 from searchrl.common.health import likelihood_metrics
 from searchrl.common.trajectory import Trajectory
-from searchrl.evaluation.evaluate import evaluate_during_training, generation_config_from_ppo
+from searchrl.evaluation.loop import evaluate_during_training, generation_config_from_ppo
 from searchrl.ppo import checkpointing
 from searchrl.ppo.advantages import (
     apply_missing_eos_penalty,
