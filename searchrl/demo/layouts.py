@@ -2,8 +2,8 @@
 
 Why here: the run layer (`searchrl.run.layout`) defines the record and reads it, and knows no demo's folder
 names; each demo says its own here. Both demos keep their data in `data/`, their index in `index/`, the SFT
-warm start in `sft/policy` (the policy PPO starts from) and their evaluations in `eval/<stage>-<split>[-<variant>].json`
-(with the run writer's trajectories beside them).
+warm start in `sft/policy` (the policy PPO starts from) and their evaluations in
+`eval/<stage>-<split>[-<variant>].json` (with the run writer's trajectories beside them).
 """
 
 from __future__ import annotations

@@ -67,8 +67,8 @@ def read_trainer_curve(label: str, run_dir: str | Path) -> TrainerCurve:
     """`RUN/eval/step-N.json` of one run as a `TrainerCurve` (sorted by step).
 
     `episode` and `time/train_s` come from the eval file, or else from the run's metrics line of the same
-    step (both read through `RunReader`). A test-split summary in `RUN/eval/` (a JSON with `split: test` and `exact_match`, as
-    `benchmarks/compare_trainers.py` writes) is kept as `.test`. Raises FileNotFoundError / ValueError
+    step (both read through `RunReader`). A test-split summary in `RUN/eval/` (a JSON with `split: test`
+    and `exact_match`, as `benchmarks/compare_trainers.py` writes) is kept as `.test`. Raises FileNotFoundError / ValueError
     naming the run when there is nothing to draw.
     """
     run_dir = Path(run_dir)

@@ -7,6 +7,7 @@
 - `reader.py` and `sources.py`: `RunReader`, the one reader of run files (metrics with the collapse guard's
   rollbacks applied, eval files, trajectory sources, checkpoints, data, index, and the run's environment,
   generation and reward settings), with `TrajectorySource` and `EvalFile`;
+- `target.py`: what a path is (a demo, a run and its trainer, a trajectories file) and the refusals;
 - `errors.py`: `RunTargetError`, what every reader raises for a path that is not a run.
 
 `from searchrl.run import RunReader` works; the names below are imported from their module on first use.

@@ -1,9 +1,9 @@
-"""A demo's layout: the stages, run directories and evaluations a demo folder holds, as the demo itself lists them.
+"""A demo's layout: the stages, run directories and evaluations a demo folder holds, as the demo lists them.
 
 Why: a demo (`searchrl demo`, synthetic or real) is several stages in one folder (a warm start, a PPO run,
 maybe GRPO runs, evaluations of each stage's policy on a hidden split, its data and search index). The run
-layer reads that folder for `searchrl view / audit / report / eval`, but must not know any demo's folder names:
-the demo says them. `DemoLayout` is that record, kept under the `layout` key of the demo's `summary.json`.
+layer reads that folder for `searchrl view / audit / report / eval`, but must not know any demo's folder
+names: the demo says them. `DemoLayout` is that record, kept under the `layout` key of the demo's `summary.json`.
 The demo writes it when it starts (`write_layout(folder, layout)`, so a running demo can be viewed) and again
 with its figures at the end (`write_layout(folder, layout, summary)`); `read_layout` reads it back. Every path
 in it is relative to the demo folder.

@@ -7,25 +7,44 @@ what it is (a demo directory, a PPO or GRPO run directory, or one trajectories f
 files, checkpoints, data, index and tokenizer, and the settings it ran with (`environment`, `generation`,
 `rubric`), and refuses anything else with a `RunTargetError` that says what a valid target is.
 
-A demo directory is read through the layout its `summary.json` holds (`searchrl.run.layout`): the demo names
-its runs, stages, evaluations, starting policy, data and index; this module knows none of them.
+What a path is, and the refusals, are `target.py`; a run's metrics as kept, its trajectory sources and its
+eval files `sources.py`. A demo directory is read through the layout its `summary.json` holds
+(`searchrl.run.layout`): the demo names its runs, stages, evaluations, starting policy, data and index; this
+package knows none of them.
 """
 
 from __future__ import annotations
 
-import gzip
 import json
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from searchrl.common.config import load_config
 from searchrl.run.errors import VALID_TARGETS, RunTargetError
-from searchrl.run.layout import DemoLayout, has_layout, read_layout
+from searchrl.run.layout import DemoLayout, read_layout
 from searchrl.run.manifest import config_class_at
-from searchrl.run.sources import EvalFile, TrajectorySource, eval_folder, read_json, step_sort_key
+from searchrl.run.sources import (
+    EvalFile,
+    TrajectorySource,
+    eval_folder,
+    kept_metrics,
+    read_json,
+    read_metric_lines,
+    step_sort_key,
+)
+from searchrl.run.target import (
+    RunKind,
+    check_trajectories_file,
+    demo_of_main_run,
+    enclosing_run,
+    is_demo_dir,
+    is_run_dir,
+    refuse_folder,
+    trainer_of,
+)
 from searchrl.run.writer import (
     AUDIT_FILE,
     AUDIT_SUFFIX,
@@ -36,11 +55,9 @@ from searchrl.run.writer import (
     MANIFEST_FILE,
     METRICS_FILE,
     REPORT_FILE,
-    RUN_SUBFOLDERS,
     SUMMARY_FILE,
     TRAJECTORIES_DIR,
     complete_checkpoints,
-    is_trajectory_file,
     step_name,
     trajectory_stem,
 )
@@ -50,18 +67,12 @@ if TYPE_CHECKING:
     from searchrl.rewards.combine import Rubric
     from searchrl.rollout.loop import GenerationConfig
 
-RunKind = Literal["demo", "ppo", "grpo", "trajectories"]
-TRAINERS: tuple[str, ...] = ("ppo", "grpo")
 TRAINER_LABELS: dict[str, str] = {"ppo": "PPO", "grpo": "GRPO"}
 # The config class of a run whose manifest predates `config_class`, by its trainer, as a dotted path.
 TRAINER_CONFIG_CLASSES: dict[str, str] = {
     "ppo": "searchrl.ppo.config.PPOConfig",
     "grpo": "searchrl.grpo.config.GRPORunConfig",
 }
-# Any of these makes a folder a run directory (a run that has only just started has config.yaml alone).
-RUN_MARKERS: tuple[str, ...] = (CONFIG_FILE, MANIFEST_FILE, METRICS_FILE, TRAJECTORIES_DIR, CHECKPOINTS_DIR)
-# What a demo folder from before the layout holds: such a folder is refused with a way out.
-_OLD_DEMO_MARKERS = ("demo_config.yaml", SUMMARY_FILE)
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
 
@@ -85,77 +96,6 @@ def _read_yaml(path: Path) -> dict[str, Any]:
             f"{path}: cannot be read as YAML ({type(e).__name__}: {e}); fix or remove it"
         ) from None
     return data if isinstance(data, dict) else {}
-
-
-def read_metric_lines(path: Path) -> list[dict[str, Any]]:
-    """Every line of a `metrics.jsonl` as written (a line that does not parse, such as a killed run's last,
-    is skipped); `RunReader.metrics` is what the run kept."""
-    if not path.is_file():
-        return []
-    rows = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(row, dict):
-            rows.append(row)
-    return rows
-
-
-def kept_metrics(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The lines a run kept, one per step: a collapse-guard rollback (a line with `guard/rollback`, written
-    by `ppo/guard.py`) undoes the steps after the checkpoint it went back to (`guard/rolled_back_to_step`);
-    their lines go, the rollback line's own included, and the steps redone after it stand."""
-    kept: list[dict[str, Any]] = []
-    for line in lines:
-        if not line.get("guard/rollback"):
-            kept.append(line)
-            continue
-        back_to = line.get("guard/rolled_back_to_step")
-        if not isinstance(back_to, int | float):
-            back_to = _line_step(line, 1) - 1
-        kept = [k for k in kept if _line_step(k, 0) <= back_to]
-    return kept
-
-
-def _line_step(line: dict[str, Any], default: int) -> int:
-    step = line.get("step")
-    return int(step) if isinstance(step, int | float) and not isinstance(step, bool) else default
-
-
-def _is_demo(folder: Path) -> bool:
-    return folder.is_dir() and has_layout(folder)
-
-
-def _is_run(folder: Path) -> bool:
-    return folder.is_dir() and any((folder / marker).exists() for marker in RUN_MARKERS)
-
-
-def _demo_of_main_run(folder: Path) -> tuple[Path | None, DemoLayout | None]:
-    """(demo folder, its layout) when `folder` is the main run of the nearest demo above it, else Nones."""
-    for above in folder.parents:
-        if _is_demo(above):
-            layout = read_layout(above)
-            main = layout.main_run
-            if main is not None and (above / main.folder).resolve() == folder.resolve():
-                return above, layout
-            break
-    return None, None
-
-
-def _first_row(path: Path) -> Any:
-    opener = gzip.open if path.name.endswith(".gz") else open
-    try:
-        with opener(path, "rt", encoding="utf-8") as f:
-            for line in f:
-                if line.strip():
-                    return json.loads(line)
-    except (OSError, EOFError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise RunTargetError(
-            f"{path}: cannot be read as JSON lines ({type(e).__name__}: {e}); pass {VALID_TARGETS}"
-        ) from None
-    return None
 
 
 def _has_tokenizer(folder: Path | None) -> bool:
@@ -194,90 +134,39 @@ class RunReader:
         else:
             self._open_dir(self.target)
 
-    # -- what the path is ------------------------------------------------------------------------
+    # -- what the path is (`searchrl.run.target`) -------------------------------------------------
     def _open_file(self, path: Path) -> None:
-        if not is_trajectory_file(path):
-            raise RunTargetError(
-                f"{path}: not a trajectories file (*.jsonl.gz or *.jsonl); pass {VALID_TARGETS}"
-            )
-        row = _first_row(path)
-        if row is None:
-            raise RunTargetError(f"{path}: the file is empty (no trajectories); pass {VALID_TARGETS}")
-        if not isinstance(row, dict) or not {"input_ids", "action_mask", "question"} <= set(row):
-            keys = sorted(row)[:8] if isinstance(row, dict) else type(row).__name__
-            raise RunTargetError(
-                f"{path}: JSON lines, but not trajectories (first row: {keys}; a trajectory row has "
-                f"input_ids, action_mask, question, spans, ...); pass {VALID_TARGETS}"
-            )
+        check_trajectories_file(path)
         self.kind = "trajectories"
         self.trajectories_file = path
-        parent = path.parent
-        for folder in (parent.parent, parent) if parent.name in RUN_SUBFOLDERS else (parent,):
-            if _is_demo(folder) or _is_run(folder):
-                self.enclosing = RunReader(folder)
-                self.root, self.demo_root = self.enclosing.root, self.enclosing.demo_root
-                self.layout = self.enclosing.layout
-                break
+        enclosing = enclosing_run(path)
+        if enclosing is not None:
+            self.enclosing = RunReader(enclosing)
+            self.root, self.demo_root = self.enclosing.root, self.enclosing.demo_root
+            self.layout = self.enclosing.layout
 
     def _open_dir(self, folder: Path) -> None:
-        if _is_demo(folder):
+        if is_demo_dir(folder):
             self.kind, self.demo_root, self.layout = "demo", folder, read_layout(folder)
             main = self.layout.main_run
             self.root = folder / main.folder if main is not None and (folder / main.folder).is_dir() else None
             return
-        if _is_run(folder):
-            self.root = folder
-            self.demo_root, self.layout = _demo_of_main_run(folder)
-            self.kind = self._trainer_of(folder)
-            _ = (
-                self.raw_config
-            )  # a config.yaml that does not parse is refused now, not halfway through a command
-            return
-        if any((folder / marker).is_file() for marker in _OLD_DEMO_MARKERS):
-            read_layout(folder)  # refuses a demo folder written before the layout, saying to rerun it
-        if folder.name in RUN_SUBFOLDERS and (_is_run(folder.parent) or _is_demo(folder.parent)):
-            raise RunTargetError(
-                f"{folder}: the {folder.name}/ folder of {folder.parent}, not a run; pass the run directory "
-                f"{folder.parent} (or one file in it)"
-            )
-        if folder.parent.name == CHECKPOINTS_DIR and _is_run(folder.parent.parent):
-            raise RunTargetError(
-                f"{folder}: a checkpoint of the run {folder.parent.parent}; pass the run directory (searchrl eval "
-                f"--run {folder.parent.parent} --checkpoint {folder.name} evaluates this checkpoint)"
-            )
-        raise RunTargetError(
-            f"{folder}: not a run, a demo or a trajectories file: it holds none of "
-            f"{', '.join(RUN_MARKERS)} (a run), nor a {SUMMARY_FILE} with a demo layout (a demo). "
-            f"Pass {VALID_TARGETS}"
-        )
-
-    @staticmethod
-    def _trainer_of(folder: Path) -> Literal["ppo", "grpo"]:
-        """The trainer `manifest.json` names (the trainer's own record), else a checkpoint's; else PPO."""
-        manifest = read_json(folder / MANIFEST_FILE) or {}
-        extra = manifest.get("extra") if isinstance(manifest.get("extra"), dict) else {}
-        trainer = manifest.get("trainer", extra.get("trainer"))
-        if trainer is None:
-            states = (
-                read_json(p / "trainer_state.json") or {}
-                for p in complete_checkpoints(folder / CHECKPOINTS_DIR)
-            )
-            trainer = next((s["trainer"] for s in states if s.get("trainer") in TRAINERS), "ppo")
-        if trainer not in TRAINERS:
-            raise RunTargetError(
-                f"{folder / MANIFEST_FILE}: trainer {trainer!r} is not one of {list(TRAINERS)}; pass {VALID_TARGETS}"
-            )
-        return "grpo" if trainer == "grpo" else "ppo"
+        if not is_run_dir(folder):
+            refuse_folder(folder)
+        self.root = folder
+        self.demo_root, self.layout = demo_of_main_run(folder)
+        self.kind = trainer_of(folder)
+        _ = self.raw_config  # a config.yaml that does not parse is refused now, not halfway through a command
 
     # -- the run -----------------------------------------------------------------------------------
     @property
     def trainer(self) -> str | None:
         """ "ppo" or "grpo": the trainer of `root`, or None when there is no run (a bare file, a demo before its run)."""
-        if self.kind in TRAINERS:
+        if self.kind in ("ppo", "grpo"):
             return self.kind
         if self.enclosing is not None:
             return self.enclosing.trainer
-        return self._trainer_of(self.root) if self.kind == "demo" and self.root is not None else None
+        return trainer_of(self.root) if self.kind == "demo" and self.root is not None else None
 
     @property
     def trainer_label(self) -> str:
@@ -533,7 +422,7 @@ class RunReader:
         if self.kind != "demo" or self.demo_root is None or self.layout is None:
             return {}
         runs = {sub.label: self.demo_root / sub.folder for sub in self.layout.sub_runs}
-        return {label: folder for label, folder in runs.items() if _is_run(folder)}
+        return {label: folder for label, folder in runs.items() if is_run_dir(folder)}
 
     def eval_files(self, demo: bool = True) -> list[EvalFile]:
         """The run's `eval/*.json` (dev step-N.json, `searchrl eval` outputs), then (with `demo`) the demo's, as

@@ -1,7 +1,8 @@
-"""What a run offers to read: its trajectory sources and its evaluation files.
+"""What a run offers to read: its metrics as kept, its trajectory sources and its evaluation files.
 
-`TrajectorySource` is one set of trajectories (a training run's steps, or one evaluation's file), what the
-viewer offers and the audit reads. `EvalFile` is one evaluation JSON with its trajectories beside it (the
+`kept_metrics` applies the collapse guard's rollbacks to the lines of a `metrics.jsonl`
+(`read_metric_lines`): what `RunReader.metrics` gives every reader. `TrajectorySource` is one set of
+trajectories (a training run's steps, or one evaluation's file), what the viewer offers and the audit reads. `EvalFile` is one evaluation JSON with its trajectories beside it (the
 writer's one suffix, `eval_trajectories_path`) and how pages name it; `eval_folder` lists a folder of them,
 a demo's in the order its layout lists them. `RunReader` builds both; nothing here writes.
 """
@@ -139,3 +140,40 @@ def eval_folder(
         if data is not None:
             out.append(_plain_eval_file(path, data))
     return out
+
+
+def read_metric_lines(path: Path) -> list[dict[str, Any]]:
+    """Every line of a `metrics.jsonl` as written (a line that does not parse, such as a killed run's last,
+    is skipped); `RunReader.metrics` is what the run kept."""
+    if not path.is_file():
+        return []
+    rows = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(row, dict):
+            rows.append(row)
+    return rows
+
+
+def kept_metrics(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The lines a run kept, one per step: a collapse-guard rollback (a line with `guard/rollback`, written
+    by `ppo/guard.py`) undoes the steps after the checkpoint it went back to (`guard/rolled_back_to_step`);
+    their lines go, the rollback line's own included, and the steps redone after it stand."""
+    kept: list[dict[str, Any]] = []
+    for line in lines:
+        if not line.get("guard/rollback"):
+            kept.append(line)
+            continue
+        back_to = line.get("guard/rolled_back_to_step")
+        if not isinstance(back_to, int | float):
+            back_to = _line_step(line, 1) - 1
+        kept = [k for k in kept if _line_step(k, 0) <= back_to]
+    return kept
+
+
+def _line_step(line: dict[str, Any], default: int) -> int:
+    step = line.get("step")
+    return int(step) if isinstance(step, int | float) and not isinstance(step, bool) else default

@@ -4,8 +4,8 @@ What: `create_app(target)` is a small FastAPI app that serves one HTML page (van
 external assets) and a JSON API over the target's trajectory sources (`searchrl.run.reader.RunReader`):
 a run's training steps (`RUN/trajectories/step-*.jsonl.gz`) and its evaluations' trajectories
 (`RUN/eval/*.trajectories.jsonl.gz`); for a demo directory also the evaluations its layout lists (the
-synthetic demo's: the SFT and PPO policies on the hidden test split, `DEMO/eval/sft-test.trajectories.jsonl.gz`
-and `ppo-test.trajectories.jsonl.gz`) and its other runs' training steps (the GRPO runs, after
+synthetic demo's: the SFT and PPO policies on the hidden test split,
+`DEMO/eval/{sft,ppo}-test.trajectories.jsonl.gz`) and its other runs' training steps (the GRPO runs, after
 `--compare-grpo`); for a single file, that file. Every endpoint takes ``source`` (an id from
 ``/api/summary``; default: the first source, a run's training steps):
 
@@ -14,8 +14,9 @@ and `ppo-test.trajectories.jsonl.gz`) and its other runs' training steps (the GR
 * ``GET /api/trajectories``             the list, filtered by ``step``, ``min_reward``, ``max_reward``,
   ``correct`` (``yes``/``no``: exact match against the golds), ``termination`` and ``q`` (text);
 * ``GET /api/trajectories/{key}``       one trajectory token by token: text, kind (prompt / action /
-  observation / glue, `searchrl.common.trajectory.token_kinds`: the report colours by the same rule), sampling logprob, and the advantage, KL and value the PPO step computed (saved
-  by `PPOTrainer` in `metadata` when `save_trajectories` is on), where the score was placed (the last
+  observation / glue, `searchrl.common.trajectory.token_kinds`: the report colours by the same rule),
+  sampling logprob, and the advantage, KL and value the PPO step computed (saved by `PPOTrainer` in
+  `metadata` when `save_trajectories` is on), where the score was placed (the last
   action token), the reward breakdown and every tool call with its arguments, status and latency.
 
 Why a viewer: a search agent's failures are quiet (a timeout is an observation, a forged tag is
