@@ -80,7 +80,7 @@ def train_ppo(run: DemoRun, args: PPOConfig, backend: Any) -> Any:
     """The demo's PPO stage from the warm start; dev evaluation at step 0, every eval_steps and at the end."""
     args = dataclasses.replace(args, eval_on_start=True)
     trainer = train_from_warm_start(run, args, backend, run.dev_rows)
-    if not (trainer.run.eval / f"step-{trainer.global_step}.json").exists():
+    if not trainer.run.eval_file(trainer.global_step).exists():
         trainer.evaluate()  # the last step, so every trainer ends on a measured point
     return trainer
 

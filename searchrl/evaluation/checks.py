@@ -33,6 +33,7 @@ from searchrl.common.trajectory import Trajectory
 from searchrl.rewards.citation import classify_citations
 from searchrl.rewards.qa import contains_answer, exact_match, f1_score, normalize_answer
 from searchrl.rewards.shaping import is_well_formed
+from searchrl.run.writer import step_name
 
 VERDICTS = ("pass", "warn", "fail", "skipped")
 SEVERITY = {"skipped": 0, "pass": 1, "warn": 2, "fail": 3}
@@ -166,7 +167,7 @@ def evidence_id(traj: Trajectory) -> str:
     Training reuses question ids across steps, so the step is what makes the id findable.
     """
     step = traj.metadata.get("step")
-    return traj.id if step is None else f"{traj.id}@step-{step}"
+    return traj.id if step is None else f"{traj.id}@{step_name(int(step))}"
 
 
 def answer_candidates(answer: str) -> list[str]:
@@ -457,7 +458,7 @@ def check_reward_vs_heldout(history: Sequence[EvalPoint], th: Thresholds) -> Che
         verdict = "warn"
     else:
         verdict = "pass"
-    evidence = [f"step-{best.step}", f"step-{last.step}"] if verdict != "pass" else []
+    evidence = [step_name(best.step), step_name(last.step)] if verdict != "pass" else []
     return CheckResult(
         "reward_vs_heldout",
         description,

@@ -548,7 +548,7 @@ class PPOTrainer:
                     f"score {metrics['objective/scores']:.3f} kl {metrics['objective/kl']:.3f}",
                 )
         latest = self.run.latest_checkpoint()
-        if latest is None or latest.name != f"step-{self.global_step}":
+        if latest is None or latest != self.run.checkpoint_dir(self.global_step):
             self.save_checkpoint()
         self.training_clock.stop()
         self._callback("on_train_end")

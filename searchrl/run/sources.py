@@ -111,7 +111,7 @@ def _plain_eval_file(path: Path, data: dict[str, Any]) -> EvalFile:
     split = data.get("split")
     if split is None and stem.startswith("step-") and step_of(stem) is not None:
         split = "dev"  # RUN/eval/step-N.json: the trainer's periodic evaluation on dev
-    checkpoint = data.get("checkpoint") or (f"step-{data['step']}" if "step" in data else stem)
+    checkpoint = data.get("checkpoint") or (step_name(int(data["step"])) if "step" in data else stem)
     label = f"{checkpoint} · {SPLIT_LABELS.get(split or '', split or 'evaluation')}"
     return EvalFile(path, data, _trajectories_beside(path), label, split)
 
