@@ -175,6 +175,7 @@ def test_a_demo_is_read_by_the_layout_it_wrote(tmp_path):
     layout = _layout()
     write_layout(demo, layout)
     assert read_layout(demo) == layout
+    assert json.loads((demo / "summary.json").read_text())["layout"] == layout.to_dict()  # JSON round trip
     assert RunReader(demo).root is None and RunReader(demo).sub_runs() == {}  # started: no run yet
     write_layout(demo, layout, {"a": {"test": {"exact_match": 0.5}}})  # the end: figures and the layout
     assert read_layout(demo) == layout

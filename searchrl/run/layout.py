@@ -88,7 +88,8 @@ class DemoLayout:
         return next((s.label for s in self.stages if s.name == name), None)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The layout as `summary.json` holds it (JSON: lists, not tuples)."""
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
 
     @classmethod
     def from_dict(cls, data: Any, where: str) -> DemoLayout:
