@@ -16,8 +16,8 @@ only in what the experiment varies:
 - `run_jobs(...)`: one job per PPO run, in this process or in `--jobs N` worker processes (the same
   script run with `--worker SPEC.json`, each with `threads // N` torch threads). A job that finished
   with the same spec is reused, so a killed sweep continues where it stopped;
-- `read_metrics`, `read_evals`, `clean_json`, `save_figure`: the trainer's own logs in, one finite JSON
-  and one PNG out.
+- `read_metrics`, `read_evals` (through the run reader, `searchrl.run.reader.RunReader`), `clean_json`,
+  `save_figure`: the trainer's own logs in, one finite JSON and one PNG out.
 
 Nothing here changes the library; the experiments only compose its public pieces.
 """
@@ -43,6 +43,8 @@ from searchrl.common.config import load_config
 from searchrl.common.io import atomic_write_json, read_jsonl
 from searchrl.demo.configs import DemoConfig
 from searchrl.ppo.config import PPOConfig
+from searchrl.run.reader import RunReader
+from searchrl.run.writer import METRICS_FILE
 
 # A job's completion marker: written last, so a directory without it holds an unfinished run.
 RESULT_FILE = "result.json"
@@ -229,25 +231,17 @@ def load_backend(run: DemoRun) -> Any:
 # logs in
 # ---------------------------------------------------------------------------------------------------
 def read_metrics(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
-    """`metrics.jsonl` of a PPO run, one row per step: a collapse-guard rollback's failed line is dropped,
-    and a step logged twice (after a rollback) keeps its last line."""
-    path = Path(run_dir) / "metrics.jsonl"
+    """`metrics.jsonl` of a PPO run, one row per step (`RunReader.metrics`: the steps a collapse-guard
+    rollback undid count once, as redone)."""
+    path = Path(run_dir) / METRICS_FILE
     if not path.exists():
         raise FileNotFoundError(f"{path}: the PPO run wrote no metrics (did it fail? see its log.txt)")
-    by_step: dict[int, dict[str, Any]] = {}
-    for row in read_jsonl(path):
-        if row.get("guard/rollback"):
-            continue
-        by_step[int(row["step"])] = row
-    return [by_step[s] for s in sorted(by_step)]
+    return RunReader(run_dir).metrics()
 
 
 def read_evals(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
     """The trainer's own evaluation files (`eval/step-N.json`), by step."""
-    evals = []
-    for path in Path(run_dir, "eval").glob("step-*.json"):
-        evals.append(json.loads(path.read_text(encoding="utf-8")))
-    return sorted(evals, key=lambda e: int(e["step"]))
+    return [data for _, data in sorted(RunReader(run_dir).step_evaluations().items())]
 
 
 def curve(rows: list[dict[str, Any]], key: str) -> list[float | None]:

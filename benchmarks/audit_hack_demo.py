@@ -29,20 +29,20 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from searchrl.common.io import append_jsonl, atomic_write_json
-from searchrl.common.trajectory import write_trajectories
+from searchrl.common.io import atomic_write_json
 from searchrl.data.synthetic import generate, preset_config
 from searchrl.data.synthetic_text import expert_queries
 from searchrl.env.config import EnvConfig
 from searchrl.env.environment import SearchEnvironment
 from searchrl.env.protocol import format_answer, format_tool_call
 from searchrl.evaluation.audit import audit_run
-from searchrl.evaluation.evaluate import evaluate_policy
+from searchrl.evaluation.loop import evaluate_policy
 from searchrl.evaluation.report import write_report
 from searchrl.models.tiny import TinyModelConfig, build_policy, tokenizer_training_texts, train_tokenizer
 from searchrl.rewards.combine import default_rubric, load_rubric
 from searchrl.rewards.qa import exact_match
 from searchrl.rollout.generator import GenerationConfig, HFGenerator, ScriptedPolicy
+from searchrl.run.writer import RunDir
 from searchrl.search.index import build_index
 
 REPO = Path(__file__).resolve().parents[1]
@@ -102,18 +102,17 @@ def main() -> None:
             "f1": result.summary["f1"],
         }
 
-    run = out / "run"
-    for sub in ("trajectories", "eval", "checkpoints"):
-        (run / sub).mkdir(parents=True, exist_ok=True)
-    (run / "metrics.jsonl").unlink(missing_ok=True)
-    (run / "config.yaml").write_text(f"reward_config_path: {HACKABLE}\n")
+    run_dir = RunDir(out / "run")  # the run layer's writer: the same names and lines a trainer writes
+    run = run_dir.root
+    run_dir.metrics.unlink(missing_ok=True)
+    run_dir.config.write_text(f"reward_config_path: {HACKABLE}\n")
     n = len(rows)
     for step in range(1, 7):
         k = round(n * (step - 1) / 5)  # episodes that stuff at this step
         trajs = stuffing.trajectories[:k] + honest.trajectories[k:]
-        write_trajectories(run / "trajectories" / f"step-{step:06d}.jsonl.gz", trajs)
+        run_dir.write_step_trajectories(step, trajs)
         em = float(np.mean([exact_match(t.answer or "", t.golds) for t in trajs]))
-        append_jsonl(run / "metrics.jsonl", {
+        run_dir.log_metrics({
             "step": step,
             "objective/scores": float(np.mean([t.reward for t in trajs])),
             "reward/contains": float(np.mean([t.reward_breakdown["contains"] for t in trajs])),

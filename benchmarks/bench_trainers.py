@@ -58,6 +58,7 @@ from searchrl.ppo.config import PPOConfig  # noqa: E402
 from searchrl.rewards.combine import default_rubric  # noqa: E402
 from searchrl.rollout.chat import render_conversation  # noqa: E402
 from searchrl.rollout.generator import GenerationConfig  # noqa: E402
+from searchrl.run.reader import RunReader  # noqa: E402
 from searchrl.search.index import build_index  # noqa: E402
 from searchrl.sections import with_sections_of  # noqa: E402
 
@@ -166,7 +167,7 @@ def time_grpo(world: dict[str, Any], work: Path, mode: str, args: argparse.Names
         cfg, policy, world["tokenizer"], world["backend"], world["rows"], callbacks=[timer]
     )
     trainer.train()
-    metrics = [json.loads(line) for line in (cfg.run_dir / "metrics.jsonl").read_text().splitlines()]
+    metrics = RunReader(cfg.run_dir).metrics()
     searches = [m["tools/calls_per_episode"] for m in metrics if "tools/calls_per_episode" in m]
     timed = timer.seconds[args.warmup :]
     return {

@@ -13,7 +13,7 @@ trainers a budget of their own, for a comparison at equal wall-clock rather than
 the sections it shares with the demo's `PPOConfig` (`searchrl.grpo.warm_start.train_grpo_from_warm_start`).
 During training each one evaluates on the dev split at step 0, every `eval_steps` steps and at its last
 step (greedy, our engine, `RUN/eval/step-N.json`); at the end each final policy is evaluated once on the
-hidden test split with `searchrl.evaluation.evaluate.evaluate_with_ppo_limits` (bootstrap 95% intervals),
+hidden test split with `searchrl.evaluation.loop.evaluate_with_ppo_limits` (bootstrap 95% intervals),
 as the demo evaluates PPO.
 
 The x axes are `episode` and `time/train_s` (wall-clock minus evaluation time): a trainer is not charged
@@ -58,10 +58,10 @@ from _experiment_common import (  # noqa: E402
     write_json,
 )
 
-from searchrl.common.io import atomic_write_json  # noqa: E402
 from searchrl.evaluation.compare import TrainerCurve, read_trainer_curve  # noqa: E402
 from searchrl.evaluation.report import write_report  # noqa: E402
 from searchrl.ppo.config import PPOConfig  # noqa: E402
+from searchrl.run.writer import write_evaluation  # noqa: E402
 
 # name -> (label in plots and report, GRPO mode or None for PPO)
 TRAINERS: dict[str, tuple[str, str | None]] = {
@@ -79,7 +79,7 @@ def train_ppo(run: DemoRun, args: PPOConfig, backend: Any) -> Any:
     """The demo's PPO stage from the warm start; dev evaluation at step 0, every eval_steps and at the end."""
     args = dataclasses.replace(args, eval_on_start=True)
     trainer = train_from_warm_start(run, args, backend, run.dev_rows)
-    if not (trainer.run.eval / f"step-{trainer.global_step}.json").exists():
+    if not trainer.run.eval_file(trainer.global_step).exists():
         trainer.evaluate()  # the last step, so every trainer ends on a measured point
     return trainer
 
@@ -89,7 +89,7 @@ def train_ppo(run: DemoRun, args: PPOConfig, backend: Any) -> Any:
 # ---------------------------------------------------------------------------------------------------
 def test_split(policy: Any, tok: Any, run: DemoRun, args: PPOConfig, env_factory: Any, rubric: Any) -> dict:
     """The demo's test evaluation (greedy, PPO's rollout limits, bootstrap CIs) of a final policy."""
-    from searchrl.evaluation.evaluate import evaluate_with_ppo_limits
+    from searchrl.evaluation.loop import evaluate_with_ppo_limits
 
     result = evaluate_with_ppo_limits(
         policy, tok, run.test_rows, env_factory, args, rubric=rubric, seed=run.config.seed
@@ -134,7 +134,7 @@ def run_trainer(name: str, run: DemoRun, args: PPOConfig, backend: Any, out_dir:
         policy = load_policy(final_policy_dir(run_dir))
     wall = time.perf_counter() - t0
     summary = test_split(policy, tok, run, args, env_factory, rubric)
-    atomic_write_json(out_dir / "eval" / TEST_FILE, {"split": "test", "trainer": name, **summary})
+    write_evaluation(out_dir / "eval" / TEST_FILE, {"split": "test", "trainer": name, **summary})
     curve = read_trainer_curve(label, out_dir)
     return entry(name, curve, summary, wall)
 

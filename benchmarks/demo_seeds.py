@@ -18,7 +18,6 @@ match after SFT and after PPO per seed, with the 95% intervals as whiskers.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 from pathlib import Path
@@ -28,20 +27,22 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _experiment_common import pyplot, save_figure, write_json  # noqa: E402
 
 from searchrl.evaluation.audit import audit_run  # noqa: E402
-
-
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+from searchrl.run.reader import RunReader  # noqa: E402
+from searchrl.run.writer import SUMMARY_FILE  # noqa: E402
 
 
 def seed_figures(run: Path) -> dict[str, Any]:
     """Everything one demo directory says about its result; ValueError naming what is missing."""
-    summary_path = run / "summary.json"
-    if not summary_path.exists():
+    if not (run / SUMMARY_FILE).exists():
         raise ValueError(f"{run}: no summary.json; pass a finished `searchrl demo --out {run}` directory")
-    summary = json.loads(summary_path.read_text(encoding="utf-8"))
+    reader = RunReader(run)  # the demo, read through its layout: its summary and its PPO run's metrics
+    summary = reader.summary() or {}
+    if "ppo" not in summary:
+        raise ValueError(
+            f"{run}: summary.json has no figures yet (the demo is running or stopped); let it finish"
+        )
     sft, ppo = summary["sft"]["test"], summary["ppo"]["test"]
-    metrics = read_jsonl(run / "ppo" / "metrics.jsonl")
+    metrics = reader.metrics()
     kl = [m["objective/kl"] for m in metrics if "objective/kl" in m]
     gap = [m["rollout/logprob_max_abs_diff"] for m in metrics if "rollout/logprob_max_abs_diff" in m]
     dev = [(int(m["step"]), float(m["eval/exact_match"])) for m in metrics if "eval/exact_match" in m]

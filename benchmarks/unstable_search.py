@@ -273,7 +273,7 @@ def run_one(spec: dict[str, Any]) -> dict[str, Any]:
     """Train one (mode, seed) from the warm start over the noisy backend, then measure it on the test split."""
     from searchrl.env.environment import SearchEnvironment
     from searchrl.evaluation import HEADLINE_METRICS
-    from searchrl.evaluation.evaluate import evaluate_with_ppo_limits
+    from searchrl.evaluation.loop import evaluate_with_ppo_limits
     from searchrl.rewards.combine import default_rubric
 
     run = load_demo_run(spec["run"], spec["overrides"])

@@ -60,7 +60,7 @@ def copy_probe(world: Any, cfg: Any, questions: int, every: int, log: list[dict[
     each SFT phase: when does copying switch on (exact match, first and second word of two-word answers)?"""
     from transformers import TrainerCallback
 
-    from searchrl.evaluation.evaluate import evaluate_with_ppo_limits
+    from searchrl.evaluation.loop import evaluate_with_ppo_limits
 
     dev = world.dev_rows[:questions]
     phase = {"index": -1}
@@ -110,7 +110,7 @@ def worker(spec: dict[str, Any]) -> dict[str, Any]:
     from searchrl.demo.configs import check_demo_config
     from searchrl.demo.pipeline import prepare_world
     from searchrl.demo.stages import StageRunner
-    from searchrl.evaluation.evaluate import evaluate_with_ppo_limits
+    from searchrl.evaluation.loop import evaluate_with_ppo_limits
     from searchrl.models.io import save_model_dir
     from searchrl.rewards.combine import default_rubric
     from searchrl.sft.warm_start import run_sft

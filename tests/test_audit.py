@@ -18,19 +18,18 @@ from typer.testing import CliRunner
 
 from searchrl.cli import app
 from searchrl.common.io import append_jsonl, atomic_write_json
-from searchrl.common.run import RunTargetError
 from searchrl.common.trajectory import ToolCallRecord, Trajectory, write_trajectories
-from searchrl.evaluation.audit import (
+from searchrl.evaluation.audit import audit_run, audit_trajectories
+from searchrl.evaluation.checks import (
     EvalPoint,
     Thresholds,
     answer_candidates,
-    audit_run,
-    audit_trajectories,
     check_reward_vs_heldout,
     contentless,
     spearman,
 )
 from searchrl.rewards.combine import default_rubric, load_rubric
+from searchrl.run.errors import RunTargetError
 
 REPO = Path(__file__).resolve().parents[1]
 GOLDS = ["Velmora", "Anna Berg", "Quessa", "Orlenn", "Tiberk", "Pale Coast", "Rhen Dals", "Marrow"]

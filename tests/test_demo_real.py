@@ -25,8 +25,9 @@ from searchrl.cli import app
 from searchrl.common.config import ConfigError, load_config
 from searchrl.common.trajectory import read_trajectories
 from searchrl.data.realqa import build_realqa
-from searchrl.demo.baselines import BASELINE_FILES, RealGenerator
+from searchrl.demo.baselines import RealGenerator
 from searchrl.demo.configs import RealDemoConfig, check_real_config, is_real_demo_yaml, toy_real_config
+from searchrl.demo.layouts import BASELINE_FILES, real_demo_layout
 from searchrl.demo.real import import_base, run_real_demo
 from searchrl.env.config import EnvConfig
 from searchrl.env.environment import SearchEnvironment
@@ -126,10 +127,12 @@ def test_toy_run_writes_the_layout_and_every_summary_key(toy_run):
     assert list((out / "ppo" / "trajectories").glob("step-*.jsonl.gz"))
     names = [*BASELINE_FILES.values(), "sft-test", "ppo-test"]
     for name in names:
-        assert (out / "eval" / f"{name}.json").is_file() and (out / "eval" / f"{name}.jsonl.gz").is_file(), (
-            name
-        )
-    assert json.loads((out / "summary.json").read_text()) == json.loads(json.dumps(s))
+        assert (out / "eval" / f"{name}.json").is_file(), name
+        assert (out / "eval" / f"{name}.trajectories.jsonl.gz").is_file(), name  # the run writer's one suffix
+    # summary.json: the returned figures, and the demo's layout (what the run reader reads the folder by).
+    written = json.loads((out / "summary.json").read_text())
+    assert written.pop("layout") == real_demo_layout(toy_run.cfg.baselines).to_dict()
+    assert written == json.loads(json.dumps(s))
     assert load_config(RealDemoConfig, out / "demo_config.yaml") == toy_run.cfg
 
     assert set(s["baselines"]) == {"closed_book", "naive_rag", "zero_shot"}
@@ -211,9 +214,9 @@ def _write_jsonl(path: Path, rows: list[dict]) -> None:
 
 
 def test_eval_of_the_lora_run_on_unseen_data_from_another_directory(toy_run, tmp_path, monkeypatch):
-    from searchrl.common.run import RunReader
     from searchrl.demo.baselines import real_generator_factory
-    from searchrl.evaluation.evaluate import evaluate_run, load_policy_for_eval
+    from searchrl.evaluation.targets import evaluate_run, load_policy_for_eval
+    from searchrl.run.reader import RunReader
 
     fresh = tmp_path / "fresh"
     fresh.mkdir()
@@ -302,9 +305,9 @@ def test_baselines_force_their_turns(toy_run, tok):
     def actions(traj):
         return [sp.text for sp in traj.spans if sp.kind == "action"]
 
-    rag = read_trajectories(toy_run.out / "eval" / "base-test-naive-rag.jsonl.gz")
-    closed = read_trajectories(toy_run.out / "eval" / "base-test-closed-book.jsonl.gz")
-    zero = read_trajectories(toy_run.out / "eval" / "base-test-zero-shot.jsonl.gz")
+    rag = read_trajectories(toy_run.out / "eval" / "base-test-naive-rag.trajectories.jsonl.gz")
+    closed = read_trajectories(toy_run.out / "eval" / "base-test-closed-book.trajectories.jsonl.gz")
+    zero = read_trajectories(toy_run.out / "eval" / "base-test-zero-shot.trajectories.jsonl.gz")
     for traj in rag:
         check_masks_and_spans(traj)
         turns = actions(traj)

@@ -15,7 +15,7 @@ from worlds import TINY_ONE_LAYER
 from searchrl.demo.stages import StageProgress, StageRunner
 from searchrl.env.config import EnvConfig
 from searchrl.env.environment import SearchEnvironment
-from searchrl.evaluation.evaluate import evaluate_policy
+from searchrl.evaluation.loop import evaluate_policy
 from searchrl.models.tiny import build_policy, tokenizer_training_texts, train_tokenizer
 from searchrl.rollout.generator import GenerationConfig
 from searchrl.sft.expert import ExpertConfig, ExpertPolicy

@@ -14,11 +14,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from searchrl.common.trajectory import ToolCallRecord, Trajectory
-from searchrl.evaluation.evaluate import (
+from searchrl.evaluation.loop import greedy
+from searchrl.evaluation.statistics import (
     bootstrap_ci,
     bootstrap_ratio_ci,
     flat_metrics,
-    greedy,
     summarise,
     trajectory_values,
 )

@@ -26,16 +26,13 @@ from searchrl.data.synthetic import generate, preset_config
 from searchrl.data.synthetic_text import expert_queries
 from searchrl.env.environment import SearchEnvironment
 from searchrl.env.protocol import format_answer, format_tool_call
-from searchrl.evaluation.evaluate import (
-    evaluate_during_training,
-    evaluate_policy,
-    evaluate_run,
-    trajectories_path,
-)
+from searchrl.evaluation.loop import evaluate_during_training, evaluate_policy
+from searchrl.evaluation.targets import evaluate_run
 from searchrl.models.tiny import build_policy, tokenizer_training_texts, train_tokenizer
 from searchrl.ppo.config import PPOConfig
 from searchrl.rewards.combine import default_rubric
 from searchrl.rollout.generator import HFGenerator, ScriptedPolicy
+from searchrl.run.writer import eval_trajectories_path
 from searchrl.search.index import build_index
 
 TINY = TINY_ONE_LAYER
@@ -156,7 +153,7 @@ def test_cli_eval_on_a_fixed_checkpoint_is_deterministic(world):
     assert first.exit_code == 0, first.output
     out = run / "eval" / "test-step-2.json"
     one = out.read_text()
-    first_trajs = [t.to_dict() for t in read_trajectories(trajectories_path(out))]
+    first_trajs = [t.to_dict() for t in read_trajectories(eval_trajectories_path(out))]
     second = _invoke(*args)
     assert second.exit_code == 0, second.output
     a, b = json.loads(one), json.loads(out.read_text())
@@ -166,7 +163,7 @@ def test_cli_eval_on_a_fixed_checkpoint_is_deterministic(world):
     assert sum(a["termination"].values()) == pytest.approx(1.0)
     assert a["generation_config"]["temperature"] == 0.0
     assert "exact_match" in first.output and "95% CI" in first.output
-    trajs = read_trajectories(trajectories_path(out))
+    trajs = read_trajectories(eval_trajectories_path(out))
     assert [t.to_dict() for t in trajs] == [
         {**d, "metadata": {**d["metadata"], "latency_s": t.metadata["latency_s"]}}
         for d, t in zip(first_trajs, trajs, strict=True)
@@ -212,15 +209,17 @@ def test_cli_eval_explains_what_is_missing(world, tmp_path):
 
 def test_a_recorded_env_yaml_wins_over_what_the_ppo_config_implies(world, tmp_path):
     from searchrl.env.config import EnvConfig
-    from searchrl.evaluation.evaluate import load_run_config, run_env_config
+    from searchrl.evaluation.targets import load_run_config
+    from searchrl.run.reader import RunReader
 
     cfg = load_run_config(world["run"])
-    implied = run_env_config(world["run"], cfg)
+    implied = RunReader(world["run"]).environment()
     assert (implied.max_turns, implied.max_tool_calls, implied.max_episode_tokens) == (3, 3, 600)
     run = tmp_path / "run"
     run.mkdir()
+    save_config(cfg, run / "config.yaml")
     save_config(EnvConfig(max_turns=2, topk=2), run / "env.yaml")
-    recorded = run_env_config(run, cfg)
+    recorded = RunReader(run).environment()
     assert (recorded.max_turns, recorded.topk) == (2, 2)
 
 
@@ -330,4 +329,4 @@ def test_a_checkpoint_on_questions_and_a_corpus_the_run_never_saw(world, tmp_pat
     assert cli.exit_code == 0, cli.output
     data = json.loads(out.read_text())
     assert data["checkpoint"] == "step-2" and data["index"] == str(unseen.index) and data["n"] == 3
-    assert [t.question_id for t in read_trajectories(trajectories_path(out))] == ["n1", "n2", "n3"]
+    assert [t.question_id for t in read_trajectories(eval_trajectories_path(out))] == ["n1", "n2", "n3"]

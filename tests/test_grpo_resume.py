@@ -158,7 +158,7 @@ def test_resume_without_a_checkpoint_starts_fresh(grpo_world: GrpoWorld, tmp_pat
 
 
 def test_truncate_keeps_the_history_up_to_the_checkpoint(tmp_path: Path) -> None:
-    from searchrl.common.run import RunDir
+    from searchrl.run.writer import RunDir
 
     run = RunDir(tmp_path)
     run.metrics.write_text("".join(json.dumps({"step": s}) + "\n" for s in (0, 1, 2, 2, 3)))

@@ -11,11 +11,11 @@ import pytest
 from test_grpo_trainer import read_metrics
 from worlds import grpo_config
 
-from searchrl.common.run import RunReader
 from searchrl.common.trajectory import Trajectory
 from searchrl.grpo.reward import RubricReward
 from searchrl.grpo.trainer import build_grpo_trainer
 from searchrl.models.tiny import load_policy
+from searchrl.run.reader import RunReader
 
 
 def test_health_monitors_and_the_best_checkpoint_in_a_tiny_grpo_run(grpo_world):

@@ -147,8 +147,8 @@ def test_bfloat16_export_and_a_missing_base_model(runs, tmp_path):
 
 
 def test_a_relative_base_path_is_found_from_any_working_directory(runs, tmp_path, monkeypatch):
-    from searchrl.common.run import RunReader
-    from searchrl.evaluation.evaluate import load_policy_for_eval
+    from searchrl.evaluation.targets import load_policy_for_eval
+    from searchrl.run.reader import RunReader
 
     run, base, tok = runs["lora"]
     # As if training had run inside `project/` with policy_model_path "models/base": the adapter and the

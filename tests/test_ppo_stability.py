@@ -12,10 +12,10 @@ import torch
 from test_ppo_trainer import QA, make_trainer, snapshot
 
 from searchrl.common.health import likelihood_metrics
-from searchrl.common.run import RunReader
 from searchrl.common.trajectory import Trajectory
 from searchrl.rewards.combine import default_rubric
 from searchrl.rewards.qa import F1Reward
+from searchrl.run.reader import RunReader
 
 
 class NaNReward:

@@ -24,8 +24,9 @@ from searchrl.common.trajectory import write_trajectories
 from searchrl.env.config import EnvConfig
 from searchrl.env.environment import SearchEnvironment
 from searchrl.env.protocol import format_answer, format_tool_call
-from searchrl.evaluation.evaluate import evaluate_policy, evaluate_run
+from searchrl.evaluation.loop import evaluate_policy
 from searchrl.evaluation.report import render_trajectory, write_report
+from searchrl.evaluation.targets import evaluate_run
 from searchrl.models.tiny import build_policy, tokenizer_training_texts, train_tokenizer
 from searchrl.rewards.combine import default_rubric
 from searchrl.rollout.generator import GenerationConfig, HFGenerator, ScriptedPolicy
@@ -151,6 +152,28 @@ def test_each_span_is_decoded_from_its_own_tokens(world):
             assert html.escape(decoded) in page
     # Without a tokenizer the stored span text is shown instead.
     assert "Amsel Drov born" in render_trajectory(traj, None).replace("&quot;", '"')
+
+
+def test_the_report_and_the_viewer_give_every_token_the_same_kind(world):
+    """One rule (`searchrl.common.trajectory.token_kinds`) for both: the same trajectory rendered by the report
+    and served by the viewer has the same kind on every token, the chat template's glue inside an observation
+    span included (the span says observation; the tokens around the document text are glue)."""
+    from searchrl.viewer.server import token_rows
+
+    tok = world["tok"]
+    inner_glue = 0
+    for traj in world["result"].trajectories:
+        page = render_trajectory(traj, tok)
+        from_report: list[str | None] = [None] * len(traj.input_ids)
+        for kind, start, end in re.findall(r'class="span (\w+)" title="\w+: tokens (\d+)-(\d+)', page):
+            for i in range(int(start), int(end)):
+                assert from_report[i] is None, f"token {i} rendered twice"
+                from_report[i] = kind
+        from_viewer = [row["kind"] for row in token_rows(traj, tok)]
+        assert from_report == from_viewer, traj.id
+        observed = [i for s in traj.spans if s.kind == "observation" for i in range(s.start, s.end)]
+        inner_glue += sum(from_viewer[i] == "glue" for i in observed)
+    assert inner_glue > 0  # the case where the two rules used to disagree is exercised
 
 
 def test_report_cli_on_a_run_that_has_just_started_and_on_folders_that_are_not_runs(tmp_path):

@@ -159,10 +159,11 @@ def test_grpo_metrics_reach_wandb_offline_at_their_steps(world, tmp_path, offlin
     by_step = {h["train/global_step"]: h for h in steps}
     assert sorted(by_step) == [h["train/global_step"] for h in steps] == [1, 2]
     # Written by our run-directory callback, not logged by TRL: the step, the episode count, and PPO's names for
-    # what TRL logs under its own (TRL's `entropy` is also `objective/entropy_per_token` in metrics.jsonl).
-    from searchrl.grpo.run_dir import TRL_TO_PPO_NAMES
+    # what TRL logs under its own (the run writer's METRIC_ALIASES: TRL's `entropy` is also
+    # `objective/entropy_per_token` in metrics.jsonl).
+    from searchrl.run.writer import METRIC_ALIASES
 
-    ours = ("step", "episode", *TRL_TO_PPO_NAMES.values())
+    ours = ("step", "episode", *METRIC_ALIASES.values())
     for row in rows:
         logged = by_step[row["step"]]
         numeric = {

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from searchrl.common.clock import TrainingClock
-from searchrl.common.run import BestCheckpoint, Cadence, RunDir
+from searchrl.run.writer import BestCheckpoint, Cadence, RunDir
 
 
 def test_the_training_clock_pauses_while_evaluating_and_resumes_from_a_checkpoint():

@@ -27,10 +27,11 @@ from support.sample_runs import (
 from typer.testing import CliRunner
 
 from searchrl.cli import app
-from searchrl.common.run import VALID_TARGETS, RunReader, RunTargetError
 from searchrl.common.trajectory import read_trajectories, write_trajectories
 from searchrl.demo.configs import DEMO_SYSTEM_PROMPT
 from searchrl.evaluation.audit import audit_run, audit_trajectories
+from searchrl.run.errors import VALID_TARGETS, RunTargetError
+from searchrl.run.reader import RunReader
 
 WIDE = {"COLUMNS": "2000"}  # rich wraps long messages at the terminal width; keep them on one line
 
@@ -71,9 +72,10 @@ def test_reader_tells_a_demo_its_ppo_run_a_grpo_run_and_a_trajectories_file_apar
     train, sft, ppo = d.trajectory_sources()
     assert [p.name for p in train.files()] == ["step-000001.jsonl.gz", "step-000002.jsonl.gz"]
     assert (
-        sft.files() == [demo / "eval" / "sft-test.jsonl.gz"] and "SFT policy · hidden test split" in sft.label
+        sft.files() == [demo / "eval" / "sft-test.trajectories.jsonl.gz"]
+        and "SFT policy · hidden test split" in sft.label
     )
-    assert ppo.files() == [demo / "eval" / "ppo-test.jsonl.gz"] and "PPO policy" in ppo.label
+    assert ppo.files() == [demo / "eval" / "ppo-test.trajectories.jsonl.gz"] and "PPO policy" in ppo.label
     tests = {e.name: e for e in d.eval_files() if e.split == "test"}
     assert set(tests) == {"sft-test.json", "ppo-test.json", "sft-test-closed-book.json"}
     assert (
@@ -96,12 +98,58 @@ def test_reader_tells_a_demo_its_ppo_run_a_grpo_run_and_a_trajectories_file_apar
     assert g.initial_policy() == grpo.policy and g.index_dir == grpo.index
     assert [s.id for s in g.trajectory_sources()] == ["train"]
 
-    f = RunReader(demo / "eval" / "ppo-test.jsonl.gz")
+    f = RunReader(demo / "eval" / "ppo-test.trajectories.jsonl.gz")
     assert (f.kind, f.trainer, f.enclosing.kind) == ("trajectories", "ppo", "demo")
     (source,) = f.trajectory_sources()
-    assert source.files() == [demo / "eval" / "ppo-test.jsonl.gz"] and "PPO policy" in source.label
+    assert (
+        source.files() == [demo / "eval" / "ppo-test.trajectories.jsonl.gz"] and "PPO policy" in source.label
+    )
     assert f.tokenizer_dir() == d.tokenizer_dir()
     assert _snapshot(demo) == before, "the reader wrote or touched files"
+
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def test_the_readme_snippet_trains_in_the_demos_own_environment(demo, tmp_path, monkeypatch):
+    """README's "Using it from Python": run as written (on this demo, short of `trainer.train()`), it gets the
+    demo run's environment and rubric back through the reader, and its environment renders the very prompts the
+    demo's episodes had, token for token (the defaults, `EnvConfig(max_turns=4)`, render another prompt)."""
+    from searchrl.common.config import load_config
+    from searchrl.demo.configs import DemoConfig
+    from searchrl.env.config import EnvConfig
+    from searchrl.env.environment import SearchEnvironment
+    from searchrl.rollout.chat import prompt_ids
+
+    text = README.read_text(encoding="utf-8")
+    section = text[text.index("## Using it from Python") :]
+    snippet = section[section.index("```python\n") + len("```python\n") : section.index("```\n", 10)]
+    assert (
+        'RunReader("runs/demo")' in snippet
+        and "demo.environment()" in snippet
+        and "trainer.train()" in snippet
+    )
+    monkeypatch.chdir(tmp_path)  # args writes runs/my_run here
+    names: dict = {}
+    exec(snippet.replace('"runs/demo"', repr(str(demo))).replace("trainer.train()", ""), names)  # noqa: S102
+
+    env_config, rubric, trainer = names["env_config"], names["rubric"], names["trainer"]
+    demo_config = load_config(DemoConfig, demo / "demo_config.yaml")
+    assert env_config == demo_config.environment.env_config()  # every setting of the demo's environment
+    assert env_config == RunReader(demo / "ppo").config.env_config()  # ... which its PPO run recorded
+    assert (env_config.protocol, env_config.system_prompt, env_config.topk) == ("chat", DEMO_SYSTEM_PROMPT, 1)
+    assert env_config.tool_schema_in_prompt is demo_config.environment.tool_schema_in_prompt
+    assert [s.name for s in rubric.specs] == [s.name for s in RunReader(demo).rubric().specs]
+    tok = names["tokenizer"]
+    episodes = [t for f in RunReader(demo).trajectory_sources()[0].files() for t in read_trajectories(f)]
+    episodes += read_trajectories(demo / "eval" / "ppo-test.trajectories.jsonl.gz")
+    default = SearchEnvironment(names["backend"], EnvConfig(max_turns=4), tokenizer=tok)
+    for t in episodes:
+        row = {"id": t.question_id, "question": t.question, "golds": t.golds}
+        env = trainer.env_factory()  # the snippet's own environment factory
+        assert prompt_ids(tok, env.reset(row), env.tools) == t.input_ids[: t.prompt_length], t.id
+        assert prompt_ids(tok, default.reset(row), default.tools) != t.input_ids[: t.prompt_length]
+    assert len(episodes) == 32
 
 
 def test_the_manifest_names_the_trainer(tmp_path):
@@ -115,7 +163,12 @@ def test_the_manifest_names_the_trainer(tmp_path):
     with pytest.raises(RunTargetError, match=r"trainer 'sft' is not one of \['ppo', 'grpo'\]"):
         RunReader(run)
     (run / "manifest.json").unlink()
-    (run / "config.yaml").write_text("mode: trl_loop\nnum_generations: 4\n")  # an old run without a manifest
+    # Without a manifest the trainer is not guessed from config fields: a checkpoint's record names it, else
+    # the folder reads as PPO (a hand-built one).
+    (run / "config.yaml").write_text("mode: trl_loop\nnum_generations: 4\n")
+    assert RunReader(run).kind == "ppo"
+    (run / "checkpoints" / "step-1").mkdir(parents=True)
+    (run / "checkpoints" / "step-1" / "trainer_state.json").write_text(json.dumps({"trainer": "grpo"}))
     assert RunReader(run).kind == "grpo"
     (run / "config.yaml").write_text("mode: [unclosed\n")
     with pytest.raises(RunTargetError, match="config.yaml: cannot be read as YAML"):
@@ -186,7 +239,9 @@ def test_audit_of_the_demo_checks_its_ppo_run_and_each_hidden_test_evaluation(de
     assert set(saved["evaluations"]) == {"sft-test", "ppo-test"}
     for name in ("sft-test", "ppo-test"):
         sub = saved["evaluations"][name]
-        expected = audit_trajectories(read_trajectories(demo / "eval" / f"{name}.jsonl.gz")).to_dict()
+        expected = audit_trajectories(
+            read_trajectories(demo / "eval" / f"{name}.trajectories.jsonl.gz")
+        ).to_dict()
         assert sub["num_trajectories"] == 16 and sub["verdict"] == expected["verdict"]
         assert [c["verdict"] for c in sub["checks"]][1:-1] == [c["verdict"] for c in expected["checks"]][1:-1]
     worst = max([saved["own_verdict"]] + [e["verdict"] for e in saved["evaluations"].values()],
@@ -201,7 +256,7 @@ def test_audit_of_the_demo_checks_its_ppo_run_and_each_hidden_test_evaluation(de
 
 def test_audit_of_one_trajectories_file_and_of_a_grpo_run(demo, grpo, tmp_path):
     copy = tmp_path / "ppo-test.jsonl.gz"
-    shutil.copy(demo / "eval" / "ppo-test.jsonl.gz", copy)
+    shutil.copy(demo / "eval" / "ppo-test.trajectories.jsonl.gz", copy)
     result = _cli("audit", "--run", str(copy))
     assert result.exit_code == 0, result.output
     saved = json.loads((tmp_path / "ppo-test.audit.json").read_text())  # default: beside the file
@@ -296,9 +351,9 @@ def test_report_of_the_demo_shows_the_figures_next_to_exact_match(demo, tmp_path
         lo, hi = test["ci95"]["exact_match"]
         assert rows[label][1] == f"{test['exact_match']:.3f} [{lo:.3f}, {hi:.3f}]"
         assert rows[label][2] == f"{test['citation_support']:.3f}"
-        fab = audit_trajectories(read_trajectories(demo / "eval" / f"{stage}-test.jsonl.gz")).check(
-            "fabricated_citations"
-        )
+        fab = audit_trajectories(
+            read_trajectories(demo / "eval" / f"{stage}-test.trajectories.jsonl.gz")
+        ).check("fabricated_citations")
         expected = "n/a" if fab.verdict == "skipped" else f"{fab.value:.3f}"
         assert rows[label][3].startswith(expected), rows[label]
     training = {r[0]: r[1:] for r in tables["glance-training"][1:]}
@@ -327,14 +382,14 @@ def test_report_of_the_demo_shows_the_figures_next_to_exact_match(demo, tmp_path
 def test_report_gives_the_fabricated_citation_rate_of_each_test_evaluation(demo, tmp_path):
     copy = tmp_path / "demo"
     shutil.copytree(demo, copy)
-    trajs = read_trajectories(copy / "eval" / "ppo-test.jsonl.gz")
+    trajs = read_trajectories(copy / "eval" / "ppo-test.trajectories.jsonl.gz")
     for i, t in enumerate(trajs[:8]):  # 8 answers that cite: 3 cite an id never retrieved, 5 a retrieved one
         t.answer, t.termination = "Somebody", "answered"
         t.retrieved = {"d000001": "Somebody lived here."}
         t.citations = ["d999999"] if i < 3 else ["d000001"]
     for t in trajs[8:]:
         t.citations = []
-    write_trajectories(copy / "eval" / "ppo-test.jsonl.gz", trajs)
+    write_trajectories(copy / "eval" / "ppo-test.trajectories.jsonl.gz", trajs)
     result = _cli("report", "--run", str(copy))
     assert result.exit_code == 0, result.output
     rows = {r[0]: r for r in _tables((copy / "report.html").read_text())["glance-heldout"][1:]}
@@ -355,7 +410,7 @@ def test_report_x_axes_name_the_runs_trainer_and_grpo_metrics_are_drawn(grpo, tm
 
 
 def test_report_refuses_a_trajectories_file(demo):
-    result = _cli("report", "--run", str(demo / "eval" / "sft-test.jsonl.gz"))
+    result = _cli("report", "--run", str(demo / "eval" / "sft-test.trajectories.jsonl.gz"))
     assert result.exit_code != 0
     assert "needs a run directory or a demo directory" in result.output and "searchrl view" in result.output
 
@@ -382,14 +437,14 @@ def test_eval_of_the_demo_reproduces_its_hidden_test_evaluations_token_for_token
         if checkpoint == "initial":
             assert data["model"] == str(demo / "sft" / "policy") and data["checkpoint"] == "initial"
         ours = read_trajectories(out.with_name(f"{name}.trajectories.jsonl.gz"))
-        theirs = read_trajectories(demo / "eval" / f"{name}.jsonl.gz")
+        theirs = read_trajectories(demo / "eval" / f"{name}.trajectories.jsonl.gz")
         assert [t.input_ids for t in ours] == [t.input_ids for t in theirs]
         assert [t.answer for t in ours] == [t.answer for t in theirs]
         assert data["exact_match"] == json.loads((demo / "eval" / f"{name}.json").read_text())["exact_match"]
 
 
 def test_eval_of_a_grpo_run_on_a_corpus_and_questions_it_never_saw(grpo, tmp_path):
-    from searchrl.evaluation.evaluate import evaluate_run, load_run_config
+    from searchrl.evaluation.targets import evaluate_run, load_run_config
     from searchrl.grpo.config import GRPORunConfig
 
     assert isinstance(load_run_config(grpo.run), GRPORunConfig)  # read as GRPO, not refused as a PPOConfig
@@ -445,7 +500,7 @@ def test_eval_errors_say_what_to_pass(demo, grpo, tmp_path):
     assert nosplit.exit_code != 0 and "no test.jsonl in this folder" in nosplit.output
     step = _cli("eval", "--run", str(grpo.run), "--checkpoint", "step-9")
     assert step.exit_code != 0 and "step-1" in step.output
-    file = _cli("eval", "--run", str(demo / "eval" / "sft-test.jsonl.gz"))
+    file = _cli("eval", "--run", str(demo / "eval" / "sft-test.trajectories.jsonl.gz"))
     assert file.exit_code != 0 and "needs a run directory or a demo directory" in file.output
     corpus = _cli("eval", "--run", str(grpo.run), "--corpus", str(tmp_path / "none.jsonl"))
     assert corpus.exit_code != 0 and "--corpus" in corpus.output and "no such file" in corpus.output
@@ -467,7 +522,7 @@ def test_viewer_api_over_a_grpo_run_and_over_one_trajectories_file(demo, grpo):
     listed = client.get("/api/trajectories").json()
     assert listed["total"] == 2 and {r["key"] for r in listed["rows"]} == {"1-0", "1-1"}
 
-    path = demo / "eval" / "ppo-test.jsonl.gz"
+    path = demo / "eval" / "ppo-test.trajectories.jsonl.gz"
     client = TestClient(create_app(path))
     summary = client.get("/api/summary").json()
     assert summary["kind"] == "trajectories" and summary["num_trajectories"] == 16 and summary["steps"] == []

@@ -35,7 +35,8 @@ from support.processes import ROOT, free_port, python_env, wait_http
 from support.sample_runs import build_smoke_demo
 
 from searchrl.common.trajectory import read_trajectories
-from searchrl.viewer.server import RunDirError, check_run_dir
+from searchrl.run.errors import RunTargetError
+from searchrl.viewer.server import check_run_dir
 
 HTTP = httpx.Client(timeout=60.0)  # a loaded 2-core CI machine is slow
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -152,14 +153,14 @@ def test_trajectory_detail_tokens_kinds_score_and_tool_calls(viewer, run_dir):
 
 
 def test_view_command_refuses_what_it_cannot_show_and_says_what_it_can(tmp_path, run_dir):
-    with pytest.raises(RunDirError, match="not a run, a demo or a trajectories file"):
+    with pytest.raises(RunTargetError, match="not a run, a demo or a trajectories file"):
         check_run_dir(tmp_path)  # an empty folder
     started = tmp_path / "started"
     started.mkdir()
     (started / "config.yaml").write_text("seed: 1\n")  # a run folder, but nothing to show
-    with pytest.raises(RunDirError, match="has no trajectories.*save_trajectories"):
+    with pytest.raises(RunTargetError, match="has no trajectories.*save_trajectories"):
         check_run_dir(started)
-    with pytest.raises(RunDirError, match="the trajectories/ folder of"):
+    with pytest.raises(RunTargetError, match="the trajectories/ folder of"):
         check_run_dir(run_dir / "trajectories")
     out = subprocess.run(
         [sys.executable, "-m", "searchrl.cli", "view", str(tmp_path / "nope")],
@@ -195,16 +196,16 @@ def test_demo_directory_offers_training_and_both_hidden_test_evaluations(demo_vi
     assert [s["id"] for s in summary["sources"]] == ["train", "sft-test", "ppo-test"]
     assert summary["source"]["id"] == "train" and summary["steps"] == [1, 2]
     for name in ("sft-test", "ppo-test"):
-        trajs = read_trajectories(demo_dir / "eval" / f"{name}.jsonl.gz")
+        trajs = read_trajectories(demo_dir / "eval" / f"{name}.trajectories.jsonl.gz")
         listed = HTTP.get(demo_viewer + "/api/trajectories", params={"source": name}).json()
         assert listed["total"] == len(trajs) == 16
         assert [r["id"] for r in listed["rows"]] == [t.id for t in trajs]
         assert all(r["step"] is None and r["source"] == name for r in listed["rows"])
         assert HTTP.get(demo_viewer + "/api/summary", params={"source": name}).json()["steps"] == []
     detail = HTTP.get(demo_viewer + "/api/trajectories/3", params={"source": "ppo-test"}).json()
-    assert [t["id"] for t in detail["tokens"]] == read_trajectories(demo_dir / "eval" / "ppo-test.jsonl.gz")[
-        3
-    ].input_ids
+    assert [t["id"] for t in detail["tokens"]] == read_trajectories(
+        demo_dir / "eval" / "ppo-test.trajectories.jsonl.gz"
+    )[3].input_ids
     assert detail["has_ppo_values"] is False  # an evaluation: no advantages, KL or values
     unknown = HTTP.get(demo_viewer + "/api/trajectories", params={"source": "dev"})
     assert unknown.status_code == 422 and "train, sft-test, ppo-test" in unknown.json()["error"]
@@ -422,7 +423,7 @@ def test_headless_chromium_opens_the_demo_and_chooses_the_hidden_test_evaluation
     chromium.wait_for(f"location.hash === '#/?source=sft-test' && {ready}")
     assert chromium.js("document.querySelector('#source').value") == "sft-test"
     assert chromium.js("document.querySelector('#source-title').textContent").startswith("SFT policy")
-    trajs = read_trajectories(demo_dir / "eval" / "sft-test.jsonl.gz")
+    trajs = read_trajectories(demo_dir / "eval" / "sft-test.trajectories.jsonl.gz")
     ids = chromium.js("[...document.querySelectorAll('tr.traj-row a.traj-link')].map(a => a.textContent)")
     assert ids == [t.id for t in trajs]
     assert chromium.js(

@@ -34,6 +34,9 @@ TOOL_STATUSES = (
     "circuit_open",
 )
 
+# What a token is, for people (the report and the viewer colour tokens by it; `token_kinds` decides).
+TOKEN_KINDS = ("prompt", "action", "observation", "glue")
+
 
 @dataclass
 class ToolCallRecord:
@@ -149,3 +152,36 @@ def write_trajectories(path: str | Path, trajectories: list[Trajectory]) -> None
 
 def read_trajectories(path: str | Path) -> list[Trajectory]:
     return [Trajectory.from_dict(d) for d in read_jsonl(path)]
+
+
+def token_kinds(traj: Trajectory, tokenizer: Any = None) -> list[str]:
+    """The kind of every token of `traj` (`TOKEN_KINDS`): the one rule the report and the viewer colour by.
+
+    A token takes the kind of the span that covers it; a token no span covers (or a span of another kind) is
+    template glue. With a tokenizer, an observation span's tokens outside the ids of its own text (found as a
+    contiguous run) are the chat template's tool-message glue. The action mask is the ground truth of what was
+    sampled, whatever the spans say: every masked-in token is an action.
+    """
+    kinds = ["glue"] * len(traj.input_ids)
+    for span in traj.spans:
+        kind = span.kind if span.kind in TOKEN_KINDS else "glue"
+        for i in range(max(0, span.start), min(span.end, len(kinds))):
+            kinds[i] = kind
+        if span.kind == "observation" and span.text and tokenizer is not None:
+            _mark_observation_glue(kinds, traj.input_ids, span, tokenizer)
+    for i, m in enumerate(traj.action_mask[: len(kinds)]):
+        if m:
+            kinds[i] = "action"
+    return kinds
+
+
+def _mark_observation_glue(kinds: list[str], ids: list[int], span: Span, tokenizer: Any) -> None:
+    content = tokenizer.encode(span.text, add_special_tokens=False)
+    window = ids[span.start : span.end]
+    n = len(content)
+    for offset in range(0, len(window) - n + 1):
+        if window[offset : offset + n] == content:
+            for i in range(span.start, span.end):
+                if not span.start + offset <= i < span.start + offset + n:
+                    kinds[i] = "glue"
+            return

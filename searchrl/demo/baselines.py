@@ -22,22 +22,16 @@ from typing import Any
 
 import torch
 
-from searchrl.common.io import atomic_write_json
-from searchrl.common.trajectory import Trajectory, write_trajectories
+from searchrl.common.trajectory import Trajectory
 from searchrl.demo.configs import RealDemoConfig
 from searchrl.demo.summary import headline_group
 from searchrl.env.environment import SearchEnvironment
-from searchrl.evaluation.evaluate import evaluate_policy, summarise
+from searchrl.evaluation.loop import evaluate_policy
+from searchrl.evaluation.statistics import summarise
 from searchrl.rollout.generator import GenerationConfig, HFGenerator, RolloutBatch
 from searchrl.rollout.sampling import Sampling
+from searchrl.run.writer import write_evaluation
 from searchrl.sft.forcing import BASELINES, baseline_forcing
-
-# eval/NAME.json (+ .jsonl.gz) of each baseline's test evaluation.
-BASELINE_FILES = {
-    "closed_book": "base-test-closed-book",
-    "naive_rag": "base-test-naive-rag",
-    "zero_shot": "base-test-zero-shot",
-}
 
 
 class RealGenerator(HFGenerator):
@@ -134,6 +128,6 @@ def well_formed_call_share(trajs: Sequence[Trajectory]) -> float | None:
 
 
 def write_eval(out: Path, name: str, summary: dict[str, Any], trajs: list[Trajectory], extra: dict) -> None:
-    """`out/eval/NAME.json` (the summary after `extra`, e.g. stage and split) and its trajectories."""
-    atomic_write_json(out / "eval" / f"{name}.json", {**extra, **summary})
-    write_trajectories(out / "eval" / f"{name}.jsonl.gz", trajs)
+    """`out/eval/NAME.json` (the summary after `extra`, e.g. stage and split) and its trajectories beside it,
+    through the run writer (`write_evaluation`)."""
+    write_evaluation(out / "eval" / f"{name}.json", {**extra, **summary}, trajs)

@@ -57,21 +57,24 @@ from typing import Any
 import torch
 
 from searchrl.common.config import save_config
-from searchrl.common.io import atomic_write_json, write_jsonl
-from searchrl.common.run import build_manifest
+from searchrl.common.io import write_jsonl
 from searchrl.common.trajectory import write_trajectories
 from searchrl.data.synthetic import generate, practice_world, preset_config
 from searchrl.demo.configs import DemoConfig, check_demo_config
+from searchrl.demo.layouts import GRPO_LABELS, synthetic_demo_layout
 from searchrl.demo.stages import StageProgress, StageRunner
 from searchrl.demo.summary import headline, stage_figures
 from searchrl.env.environment import SearchEnvironment
-from searchrl.evaluation.evaluate import evaluate_with_ppo_limits
+from searchrl.evaluation.loop import evaluate_with_ppo_limits
 from searchrl.evaluation.report import write_report
 from searchrl.grpo.warm_start import final_policy_dir, train_grpo_from_warm_start
 from searchrl.models.io import save_model_dir
 from searchrl.models.tiny import build_policy, load_policy, tokenizer_training_texts, train_tokenizer
 from searchrl.ppo.trainer import PPOTrainer
 from searchrl.rewards.combine import default_rubric
+from searchrl.run.layout import write_layout
+from searchrl.run.manifest import build_manifest
+from searchrl.run.writer import write_evaluation
 from searchrl.search.faults import FindsNothing
 from searchrl.search.index import build_index
 from searchrl.sft.expert import ExpertPolicy
@@ -175,6 +178,8 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     save_config(cfg, out / "demo_config.yaml")
+    layout = synthetic_demo_layout(cfg.compare_grpo)
+    write_layout(out, layout)  # now, so that a running demo can be viewed
     world = prepare_world(cfg, out, runner)
     tok, demos = world.tokenizer, world.demos
     rubric = default_rubric()
@@ -198,10 +203,9 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
 
     # 6. evaluate the warm start on the hidden test split, and closed-book (the leak check) ---------------
     sft_summary, sft_trajs = evaluate("eval sft", sft.policy, world.env_factory)
-    atomic_write_json(out / "eval" / "sft-test.json", sft_summary)
-    write_trajectories(out / "eval" / "sft-test.jsonl.gz", sft_trajs)
+    write_evaluation(out / "eval" / "sft-test.json", sft_summary, sft_trajs)
     closed_summary, _ = evaluate("closed book", sft.policy, world.closed_book_env)
-    atomic_write_json(out / "eval" / "sft-test-closed-book.json", closed_summary)
+    write_evaluation(out / "eval" / "sft-test-closed-book.json", closed_summary)
 
     # 7. PPO from the warm start -----------------------------------------------------------------------
     ppo_args = cfg.ppo_config()
@@ -211,8 +215,7 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
 
     # 8. evaluate PPO on the same split -----------------------------------------------------------------
     ppo_summary, ppo_trajs = evaluate("eval ppo", trainer.policy, world.env_factory)
-    atomic_write_json(out / "eval" / "ppo-test.json", ppo_summary)
-    write_trajectories(out / "eval" / "ppo-test.jsonl.gz", ppo_trajs)
+    write_evaluation(out / "eval" / "ppo-test.json", ppo_summary, ppo_trajs)
 
     # 9. summary and report ---------------------------------------------------------------------------
     summary: dict[str, Any] = {
@@ -247,13 +250,13 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
                 ),
             )
             grpo_summary, _ = evaluate(f"eval grpo {mode}", load_policy(policy_dir), world.env_factory)
-            atomic_write_json(out / f"grpo_{mode}" / "eval" / "test-final.json", grpo_summary)
+            write_evaluation(out / f"grpo_{mode}" / "eval" / "test-final.json", grpo_summary)
             summary[f"grpo_{mode}"] = {"test": headline(grpo_summary)}
             compare[label] = out / f"grpo_{mode}"
-    atomic_write_json(out / "summary.json", summary)
+    write_layout(out, layout, summary)
     runner.run("report", lambda: _write_report(out, summary, compare))
     summary.update(stage_figures(runner), **runner.totals())
-    atomic_write_json(out / "summary.json", summary)
+    write_layout(out, layout, summary)
     return summary
 
 
@@ -298,9 +301,6 @@ def _train_ppo(
     )
     trainer.train()
     return trainer
-
-
-GRPO_LABELS = {"trl_loop": "GRPO (TRL loop)", "our_rollout": "GRPO (our rollout)"}
 
 
 def _train_grpo(

@@ -50,16 +50,16 @@ from typing import Any
 import torch
 
 from searchrl.common.config import ConfigError, save_config
-from searchrl.common.io import atomic_write_json, read_jsonl
+from searchrl.common.io import atomic_write_json
 from searchrl.common.trajectory import Trajectory, write_trajectories
 from searchrl.data.realqa import RealQATask, build_realqa
 from searchrl.demo.baselines import (
-    BASELINE_FILES,
     evaluate_test_split,
     real_generator_factory,
     write_eval,
 )
 from searchrl.demo.configs import RealDemoConfig, check_real_config
+from searchrl.demo.layouts import BASELINE_FILES, real_demo_layout
 from searchrl.demo.stages import StageProgress, StageRunner
 from searchrl.demo.summary import headline, real_demo_summary, type_counts
 from searchrl.env.environment import SearchEnvironment
@@ -68,6 +68,8 @@ from searchrl.models.io import save_model_dir
 from searchrl.models.tiny import load_policy, load_tokenizer
 from searchrl.ppo.trainer import PPOTrainer
 from searchrl.rewards.combine import default_rubric
+from searchrl.run.layout import write_layout
+from searchrl.run.reader import RunReader
 from searchrl.search.faults import FindsNothing
 from searchrl.search.index import build_index
 from searchrl.sft.real_expert import RealExpert
@@ -240,6 +242,8 @@ def run_real_demo(cfg: RealDemoConfig) -> dict[str, Any]:
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     save_config(cfg, out / "demo_config.yaml")
+    layout = real_demo_layout(cfg.baselines)
+    write_layout(out, layout)  # now, so that a running demo can be viewed
 
     # 1-3. model, data, index ------------------------------------------------------------------------------------
     base_dir, imported = runner.run("import", lambda: import_base(cfg, out))
@@ -274,7 +278,7 @@ def run_real_demo(cfg: RealDemoConfig) -> dict[str, Any]:
     trainer = runner.run_with_progress(
         "ppo", lambda progress: _train_ppo(stages, sft_policy, train_rows, dev_rows, progress)
     )
-    ppo_metrics = list(read_jsonl(out / "ppo" / "metrics.jsonl"))
+    ppo_metrics = RunReader(out / "ppo").metrics()
     # LoRA: the adapter merged into the weights (decoding is faster without the adapter's extra layers).
     ppo_policy = trainer.policy.merge_and_unload() if cfg.finetune == "lora" else trainer.policy
     ppo_policy.eval()
@@ -308,7 +312,7 @@ def run_real_demo(cfg: RealDemoConfig) -> dict[str, Any]:
             "end": [round(x, 2) for x in os.getloadavg()],
         },
     )
-    atomic_write_json(out / "summary.json", summary)
+    write_layout(out, layout, summary)
     return summary
 
 

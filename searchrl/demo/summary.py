@@ -1,6 +1,6 @@
 """The demos' figures: one headline per evaluation, the stage measurements, the real loop's summary.json.
 
-What: `headline(summary)` keeps, of an evaluation summary (`searchrl.evaluation.evaluate.summarise`), what a
+What: `headline(summary)` keeps, of an evaluation summary (`searchrl.evaluation.statistics.summarise`), what a
 demo's `summary.json` reports per stage: the number of questions, the headline metrics with their 95%
 intervals, the termination shares, and the same per hop count (and, for the real loop, per question type and
 the share of well-formed tool calls). `stage_figures(runner)` is each stage's wall and CPU seconds and peak
@@ -16,11 +16,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from searchrl.common.run import build_manifest
 from searchrl.common.trajectory import Trajectory
 from searchrl.demo.configs import REAL_KIND, RealDemoConfig
 from searchrl.demo.stages import StageRunner
 from searchrl.evaluation import HEADLINE_METRICS
+from searchrl.run.manifest import build_manifest
 
 
 def headline_group(summary: dict[str, Any]) -> dict[str, Any]:

@@ -1,8 +1,10 @@
-"""searchrl.evaluation: held-out evaluation (`evaluate`), the reward-hacking audit (`audit`) and the report.
+"""searchrl.evaluation: held-out evaluation, the reward-hacking audit and the report.
 
-`evaluate.evaluate_policy` is the one evaluation loop used by training-time validation and by
-`searchrl eval`; `audit.audit_run` checks a run for reward hacking; `report.write_report` writes the
-self-contained `report.html`. Import the submodules directly (they pull in torch and matplotlib lazily).
+`loop.evaluate_policy` is the one evaluation loop used by training-time validation and by `searchrl eval`
+(`statistics` summarises its trajectories, `targets` resolves what `searchrl eval` evaluates);
+`audit.audit_run` runs the `checks` on a run; `report.write_report` writes the self-contained `report.html`.
+Every run file is read through `searchrl.run.reader.RunReader`. Import the submodules directly (they pull in
+torch and matplotlib lazily).
 """
 
 # The metrics every summary leads with: the demo's headline, the terminal table and the report rows.

@@ -1,6 +1,6 @@
 """The seven QA sets of Search-R1's tables, by name, from local FlashRAG-style files: one suite evaluation.
 
-What: `evaluate_benchmarks` runs the one evaluation loop (`evaluate.evaluate_policy`: greedy, the run's
+What: `evaluate_benchmarks` runs the one evaluation loop (`loop.evaluate_policy`: greedy, the run's
 prompt, protocol, budgets and rubric) on each set found in a folder laid out as FlashRAG publishes them,
 `<dir>/<name>/test.jsonl` or `<dir>/<name>/dev.jsonl` (rows `id`, `question`, `golden_answers`; our rows
 with `golds` work too), and writes one JSON: per set exact match, F1 and searches per question with 95%
@@ -41,20 +41,17 @@ from searchrl.data.benchmarks import (
 from searchrl.data.convert import search_r1_question
 from searchrl.data.datasets import load_qa
 from searchrl.env.environment import SearchEnvironment
-from searchrl.evaluation.evaluate import (
-    DEFAULT_BOOTSTRAP,
-    DEFAULT_CONFIDENCE,
-    GeneratorFactory,
-    _step_of,
+from searchrl.evaluation.loop import GeneratorFactory, evaluate_policy
+from searchrl.evaluation.statistics import DEFAULT_BOOTSTRAP, DEFAULT_CONFIDENCE, trajectory_values
+from searchrl.evaluation.targets import (
     check_search_args,
     default_eval_output,
     eval_setup,
-    evaluate_policy,
     open_eval_target,
     search_for_eval,
-    trajectory_values,
     write_eval,
 )
+from searchrl.run.writer import step_of
 
 # The metrics of the table: exact match (the paper's metric), F1 and searches per question.
 SUITE_METRICS: tuple[str, ...] = ("exact_match", "f1", "searches_per_question")
@@ -133,7 +130,7 @@ def evaluate_benchmarks(
 ) -> tuple[dict[str, Any], Path]:
     """Evaluate a run's checkpoint (or any model) on the benchmark sets in `benchmarks_dir`; write one JSON.
 
-    The model, search engine, environment and rubric are resolved exactly as `evaluate.evaluate_run` does
+    The model, search engine, environment and rubric are resolved exactly as `targets.evaluate_run` does
     (`run_dir`, `checkpoint`, `model`, `index_dir` or `corpus`, `env_config`, `generation_config`,
     `rubric`). `sets` picks sets by name (default: all seven, each required); `limit` evaluates the first N
     questions of each set. The JSON goes to `RUN/eval/benchmarks-<checkpoint>.json` (or `output`), the
@@ -189,7 +186,7 @@ def evaluate_benchmarks(
         "kind": SUITE_KIND,
         "split": SUITE_KIND,
         "checkpoint": name,
-        "step": 0 if name == "initial" else _step_of(name),
+        "step": 0 if name == "initial" else step_of(name),
         "model": str(model_dir),
         "run": None if root is None else str(root),
         "trainer": None if reader is None else reader.trainer,

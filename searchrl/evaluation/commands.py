@@ -15,8 +15,8 @@ from rich.console import Console
 from rich.table import Table
 
 from searchrl.common.io import atomic_write_json
-from searchrl.common.run import RunReader
 from searchrl.evaluation import HEADLINE_METRICS
+from searchrl.run.reader import RunReader
 
 VERDICT_STYLE = {"pass": "green", "warn": "yellow", "fail": "bold red", "skipped": "dim"}
 
@@ -152,7 +152,7 @@ def eval_command(
 ) -> None:
     """Evaluate a checkpoint or any model (greedy, the run's prompt, protocol and budgets) on any split and index,
     or on Search-R1's seven QA sets (--benchmarks)."""
-    from searchrl.evaluation.evaluate import evaluate_run  # torch: when the command runs, not for --help
+    from searchrl.evaluation.targets import evaluate_run  # torch: when the command runs, not for --help
 
     if run is None and model is None:
         raise typer.BadParameter("give --run DIR (a training run or a demo) or --model PATH (a model folder)")

@@ -9,19 +9,18 @@ per step. Used by `searchrl report --compare` and `benchmarks/compare_trainers.p
 from __future__ import annotations
 
 import html
-import json
 import math
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from searchrl.evaluation.audit import read_metrics
 from searchrl.evaluation.tables import finite_number, html_table
+from searchrl.run.errors import RunTargetError
+from searchrl.run.reader import RunReader
+from searchrl.run.writer import step_of
 
 COMPARE_COLORS = ("#0969da", "#cf222e", "#1a7f37", "#8250df", "#9a6700", "#57606a")
-_STEP_FILE = re.compile(r"^step-(\d+)\.json$")
 
 
 @dataclass
@@ -67,33 +66,34 @@ class TrainerCurve:
 def read_trainer_curve(label: str, run_dir: str | Path) -> TrainerCurve:
     """`RUN/eval/step-N.json` of one run as a `TrainerCurve` (sorted by step).
 
-    `episode` and `time/train_s` come from the eval file, or else from the run's metrics.jsonl line of
-    the same step. A test-split summary in `RUN/eval/` (a JSON with `split: test` and `exact_match`, as
-    `benchmarks/compare_trainers.py` writes) is kept as `.test`. Raises FileNotFoundError / ValueError
+    `episode` and `time/train_s` come from the eval file, or else from the run's metrics line of the same
+    step (both read through `RunReader`). A test-split summary in `RUN/eval/` (a JSON with `split: test`
+    and `exact_match`, as `benchmarks/compare_trainers.py` writes) is kept as `.test`. Raises FileNotFoundError / ValueError
     naming the run when there is nothing to draw.
     """
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise FileNotFoundError(f"{label}={run_dir}: run directory not found")
+    try:
+        reader = RunReader(run_dir)
+    except RunTargetError as e:
+        raise ValueError(
+            f"{label}={run_dir}: not a run directory, so no eval/step-N.json with eval/exact_match to draw ({e})"
+        ) from None
     by_step: dict[int, dict[str, Any]] = {}
     test: dict[str, Any] | None = None
-    for path in sorted((run_dir / "eval").glob("*.json")):
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError):
-            continue
-        match = _STEP_FILE.match(path.name)
-        if match and finite_number(data.get("eval/exact_match")) is not None:
-            by_step[int(match.group(1))] = data
-        elif isinstance(data, dict) and data.get("split") == "test" and "exact_match" in data:
-            test = data
+    for e in reader.eval_files(demo=False):
+        if e.is_step_file and finite_number(e.data.get("eval/exact_match")) is not None:
+            by_step[step_of(e.name) or 0] = e.data
+        elif e.data.get("split") == "test" and "exact_match" in e.data:
+            test = e.data
     if not by_step:
         raise ValueError(
             f"{label}={run_dir}: no eval/step-N.json with eval/exact_match; train with eval_steps > 0 "
             "(and eval_on_start for step 0) so the run records its held-out curve"
         )
     logged: dict[int, dict[str, Any]] = {}
-    for line in read_metrics(run_dir):
+    for line in reader.metrics():
         if isinstance(line.get("step"), int):
             logged.setdefault(line["step"], {}).update(line)
     curve = TrainerCurve(label, run_dir, test=test)

@@ -17,17 +17,19 @@ the audit of each evaluation's trajectories), the dev exact match, `rollout/logp
 over the run and at the last step: the rollout engine's logprobs against the trainer's forward pass) and
 `objective/kl` (mean and last).
 
-What it reads (`searchrl.common.run.RunReader`): a run directory (PPO or GRPO; x axes say "PPO step" or
-"GRPO step", and GRPO's TRL names `reward`, `kl`, `entropy` stand in for PPO's), or a demo directory: its
-PPO run, `summary.json`, the hidden-test evaluations in `DEMO/eval/` and, after `--compare-grpo`, the
-trainers side by side. A PPO run that is a demo's `ppo/` gets the demo's evaluations too.
+What it reads (`searchrl.run.reader.RunReader`, the one reader of run files): a run directory (PPO or GRPO;
+x axes say "PPO step" or "GRPO step"; a GRPO run's writer logged TRL's `reward`, `kl`, `entropy` under PPO's
+names too) with the metrics the run kept (a step the collapse guard rolled back counts once), or a demo
+directory: its main run, `summary.json`, the evaluations its layout lists and, when it has several runs
+(`--compare-grpo`), the trainers side by side. A run that is a demo's main run gets the demo's evaluations too.
 
 Benchmarks (`searchrl eval --benchmarks`, `searchrl.evaluation.benchmarks`): every suite eval JSON as
 Search-R1's Table 3, one column per QA set and the unweighted average, exact match with its CI, then F1 and
 searches per question, with the paper's rows beside them for reference.
 
-Where: this module reads the run and assembles the page; the matplotlib plots are `plots.py`, the
-trainers-side-by-side section (curves, SVG, table) is `compare.py`, the HTML table helpers `tables.py`.
+Where: this module reads the run and assembles the page; the "At a glance" section is `glance.py`, the
+matplotlib plots `plots.py`, the trainers-side-by-side section (curves, SVG, table) `compare.py`, the HTML
+table helpers `tables.py`.
 
 Why self-contained: a report is mailed, attached to an issue or opened from a cluster's scratch disk;
 inline CSS and images mean nothing has to be fetched and nothing breaks when the run folder moves.
@@ -37,41 +39,21 @@ from __future__ import annotations
 
 import html
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from searchrl.common.io import atomic_write_text
-from searchrl.common.run import DEMO_RUNS, STAGE_LABELS, EvalFile, RunReader, RunTargetError
-from searchrl.common.trajectory import Trajectory, read_trajectories
+from searchrl.common.trajectory import Trajectory, read_trajectories, token_kinds
 from searchrl.data.benchmarks import BENCHMARKS, SEARCH_R1_PAPER_EM
 from searchrl.evaluation import HEADLINE_METRICS
 from searchrl.evaluation.audit import AuditReport, audit_run
 from searchrl.evaluation.compare import comparison_section
-from searchrl.evaluation.plots import build_plots, metric_series
-from searchrl.evaluation.tables import finite_number, fmt_cell, html_table
-
-# TRL's GRPO logs under its own names; the plots and the headline read PPO's, so a GRPO line gets both.
-GRPO_METRIC_ALIASES: dict[str, str] = {
-    "objective/scores": "reward",
-    "objective/kl": "kl",
-    "objective/entropy_per_token": "entropy",
-}
-
-
-def normalise_metrics(metrics: Sequence[dict[str, Any]], trainer: str | None) -> list[dict[str, Any]]:
-    """The metrics lines with PPO's names filled in from GRPO's (`GRPO_METRIC_ALIASES`) for a GRPO run."""
-    if trainer != "grpo":
-        return list(metrics)
-    out = []
-    for line in metrics:
-        line = dict(line)
-        for ppo_name, grpo_name in GRPO_METRIC_ALIASES.items():
-            if ppo_name not in line and grpo_name in line:
-                line[ppo_name] = line[grpo_name]
-        out.append(line)
-    return out
-
+from searchrl.evaluation.glance import glance_section, stages_with_test_metrics
+from searchrl.evaluation.plots import build_plots
+from searchrl.evaluation.tables import fmt_cell, html_table
+from searchrl.run.errors import RunTargetError
+from searchrl.run.reader import RunReader
+from searchrl.run.sources import EvalFile
 
 CSS = """
 body { font-family: -apple-system, Segoe UI, Helvetica, Arial, sans-serif; margin: 2em auto; max-width: 1100px;
@@ -149,18 +131,9 @@ def summary_table(summary: dict[str, Any]) -> str:
     return html_table(["key", "value"], [[html.escape(k), fmt_cell(v)] for k, v in keep])
 
 
-def _stages_with_test_metrics(summary: dict[str, Any]) -> list[str]:
-    """Top-level keys (e.g. "sft", "ppo") whose value holds a `test` summary with an exact match."""
-    return [
-        k
-        for k, v in summary.items()
-        if isinstance(v, dict) and isinstance(v.get("test"), dict) and "exact_match" in v["test"]
-    ]
-
-
 def comparison_table(summary: dict[str, Any]) -> str | None:
     """Held-out metrics of each stage side by side (SFT warm start vs PPO) with the change, or None."""
-    stages = _stages_with_test_metrics(summary)
+    stages = stages_with_test_metrics(summary)
     if not stages:
         return None
     rows = []
@@ -198,179 +171,6 @@ def audit_table(report: AuditReport) -> str:
     return html_table(
         ["check", "verdict", "value", "threshold", "flagged", "evidence (trajectory ids)"], rows, "audit"
     )
-
-
-# -- at a glance: the figures next to exact match -----------------------------------------------------
-
-
-def _numbers(metrics: Sequence[dict[str, Any]], key: str) -> list[tuple[int, float]]:
-    xs, ys = metric_series(metrics, key)
-    return [(int(x), y) for x, y in zip(xs, ys, strict=True)]
-
-
-@dataclass
-class HeldOutRow:
-    """One hidden-test (or held-out) evaluation in the at-a-glance table."""
-
-    label: str
-    exact_match: float | None
-    ci: list[float] | None
-    citation_support: float | None
-    fabricated_rate: float | None
-    fabricated: str
-    n: Any
-
-
-def _fabricated(audit: AuditReport | None) -> tuple[float | None, str]:
-    """The audit's fabricated-citation rate and its counts ("2/10 cited answers, 3 of 14 citations")."""
-    if audit is None:
-        return None, "no trajectories audited"
-    check = audit.check("fabricated_citations")
-    if check.verdict == "skipped":
-        return None, "no answer cited a document"
-    detail = f"{check.num_flagged}/{check.num_checked} cited answers"
-    if "citations" in check.details:
-        detail += (
-            f", {check.details.get('fabricated_citations', 0)} of {check.details['citations']} citations"
-        )
-    return check.value, detail
-
-
-def held_out_rows(
-    summary: dict[str, Any] | None,
-    evals: Sequence[EvalFile],
-    eval_audits: Mapping[Path, AuditReport],
-) -> list[HeldOutRow]:
-    """The demo summary's stages with a `test` summary (SFT, PPO, ...), then every other test-split eval
-    JSON: exact match [CI], citation support, fabricated-citation rate (the audit of its trajectories)."""
-    rows: list[HeldOutRow] = []
-    covered: set[Path] = set()
-    for stage in _stages_with_test_metrics(summary or {}):
-        test = summary[stage]["test"]  # type: ignore[index]
-        match = next((e for e in evals if e.stage == stage and e.variant is None and e.split == "test"), None)
-        audit = eval_audits.get(match.trajectories) if match is not None and match.trajectories else None
-        if match is not None:
-            covered.add(match.path)
-        rate, detail = _fabricated(audit)
-        label = STAGE_LABELS.get(stage) or f"{DEMO_RUNS.get(stage, stage)} policy"
-        rows.append(
-            HeldOutRow(
-                f"{label} ({stage}.test)",
-                finite_number(test.get("exact_match")),
-                (test.get("ci95") or {}).get("exact_match"),
-                finite_number(test.get("citation_support")),
-                rate,
-                detail,
-                test.get("n", (match.data.get("n") if match is not None else None) or ""),
-            )
-        )
-    for e in evals:
-        if e.path in covered or e.split != "test" or "exact_match" not in e.data:
-            continue
-        audit = eval_audits.get(e.trajectories) if e.trajectories else None
-        rate, detail = _fabricated(audit)
-        rows.append(
-            HeldOutRow(
-                f"{e.label} ({e.name})",
-                finite_number(e.data.get("exact_match")),
-                (e.data.get("ci95") or {}).get("exact_match"),
-                finite_number(e.data.get("citation_support")),
-                rate,
-                detail,
-                e.data.get("n", ""),
-            )
-        )
-    return rows
-
-
-def held_out_table(rows: Sequence[HeldOutRow]) -> str:
-    cells = []
-    for r in rows:
-        ci = f" [{fmt_cell(r.ci[0])}, {fmt_cell(r.ci[1])}]" if r.ci else ""
-        cells.append(
-            [
-                html.escape(r.label),
-                "n/a" if r.exact_match is None else fmt_cell(r.exact_match) + ci,
-                "n/a" if r.citation_support is None else fmt_cell(r.citation_support),
-                ("n/a" if r.fabricated_rate is None else fmt_cell(r.fabricated_rate))
-                + f" <span class='meta'>({html.escape(r.fabricated)})</span>",
-                fmt_cell(r.n),
-            ]
-        )
-    return html_table(
-        ["held-out evaluation", "exact match [95% CI]", "citation support", "fabricated-citation rate", "n"],
-        cells,
-        "glance-heldout",
-    )
-
-
-def training_glance_rows(metrics: Sequence[dict[str, Any]], trainer_label: str) -> list[list[str]]:
-    """Dev EM (last), `rollout/logprob_max_abs_diff` (max over the run, last) and `objective/kl` (mean, last)."""
-    missing = f"not logged ({trainer_label} run)"
-    rows: list[list[str]] = []
-    em = _numbers(metrics, "eval/exact_match")
-    rows.append(
-        ["dev exact match (eval/exact_match)"]
-        + (
-            [f"{em[-1][1]:.3f} at step {em[-1][0]}", f"best {max(v for _, v in em):.3f}"]
-            if em
-            else [missing, ""]
-        )
-    )
-    gap = _numbers(metrics, "rollout/logprob_max_abs_diff")
-    if gap:
-        worst = max(gap, key=lambda p: p[1])
-        rows.append(
-            [
-                "rollout/logprob_max_abs_diff",
-                f"max {worst[1]:.3g} (step {worst[0]})",
-                f"last {gap[-1][1]:.3g} (step {gap[-1][0]})",
-            ]
-        )
-    else:
-        rows.append(["rollout/logprob_max_abs_diff", missing, ""])
-    kl = _numbers(metrics, "objective/kl")
-    if kl:
-        mean = sum(v for _, v in kl) / len(kl)
-        rows.append(
-            [
-                "objective/kl",
-                f"mean {mean:.4g} over {len(kl)} steps",
-                f"last {kl[-1][1]:.4g} (step {kl[-1][0]})",
-            ]
-        )
-    else:
-        rows.append(["objective/kl", missing, ""])
-    return rows
-
-
-def glance_section(
-    metrics: Sequence[dict[str, Any]],
-    trainer_label: str,
-    summary: dict[str, Any] | None,
-    evals: Sequence[EvalFile],
-    eval_audits: Mapping[Path, AuditReport],
-) -> str:
-    """The "At a glance" section: held-out results with their citation figures, and training diagnostics."""
-    parts = ["<h2>At a glance</h2>"]
-    rows = held_out_rows(summary, evals, eval_audits)
-    if rows:
-        parts.append(held_out_table(rows))
-        parts.append(
-            "<p class='meta'>Citation support: answers whose cited, retrieved document contains the answer. "
-            "Fabricated-citation rate: answers citing a document id the episode never retrieved, among the "
-            "answers that cite (the audit's <code>fabricated_citations</code> check on the evaluation's "
-            "trajectories).</p>"
-        )
-    body = training_glance_rows(metrics, trainer_label)
-    parts.append(
-        html_table(
-            [f"{trainer_label} training", "value", ""],
-            [[html.escape(c) for c in r] for r in body],
-            "glance-training",
-        )
-    )
-    return "".join(parts)
 
 
 # -- benchmark suites (Search-R1's Table 3 layout) ----------------------------------------------------
@@ -456,38 +256,47 @@ def benchmarks_section(evals: Sequence[EvalFile]) -> str | None:
 # -- trajectories -------------------------------------------------------------------------------------
 
 
-def _span_text(traj: Trajectory, start: int, end: int, fallback: str, tokenizer: Any) -> str:
-    if tokenizer is not None:
-        return tokenizer.decode(
-            traj.input_ids[start:end], skip_special_tokens=False, clean_up_tokenization_spaces=False
-        )
-    return fallback
+def kind_runs(kinds: Sequence[str]) -> list[tuple[str, int, int]]:
+    """(kind, start, end) of each maximal run of tokens of one kind, in order."""
+    runs: list[tuple[str, int, int]] = []
+    for i, kind in enumerate(kinds):
+        if runs and runs[-1][0] == kind and runs[-1][2] == i:
+            runs[-1] = (kind, runs[-1][1], i + 1)
+        else:
+            runs.append((kind, i, i + 1))
+    return runs
 
 
 def _prompt_fallback(traj: Trajectory) -> str:
     return "\n".join(f"[{m.get('role')}] {m.get('content', '')}" for m in traj.messages[:2])
 
 
+def _run_text(traj: Trajectory, kind: str, start: int, end: int, tokenizer: Any) -> str:
+    """The run's tokens decoded on their own; without a tokenizer, the stored text of the spans it starts."""
+    if tokenizer is not None:
+        return tokenizer.decode(
+            traj.input_ids[start:end], skip_special_tokens=False, clean_up_tokenization_spaces=False
+        )
+    texts = [s.text or (_prompt_fallback(traj) if s.kind == "prompt" else "") for s in traj.spans
+             if s.kind == kind and start <= s.start < end]  # fmt: skip
+    return "".join(texts)
+
+
 def render_trajectory(traj: Trajectory, tokenizer: Any = None) -> str:
-    """One trajectory as HTML: every span decoded on its own, coloured by kind; gaps shown as glue."""
-    pieces, cursor = [], 0
-    for span in sorted(traj.spans, key=lambda s: s.start):
-        if span.start > cursor:
-            text = _span_text(traj, cursor, span.start, "", tokenizer)
-            pieces.append(f'<span class="span glue" title="glue">{html.escape(text)}</span>')
-        fallback = span.text or (_prompt_fallback(traj) if span.kind == "prompt" else "")
-        text = _span_text(traj, span.start, span.end, fallback, tokenizer)
-        n = span.end - span.start
-        kind = span.kind if span.kind in ("prompt", "action", "observation", "glue") else "glue"
-        title = f"{span.kind}: tokens {span.start}-{span.end} ({n})"
-        if span.kind == "action" and traj.logprobs:
-            lps = traj.logprobs[span.start : span.end]
+    """One trajectory as HTML: its tokens in runs of one kind (`token_kinds`, the rule the viewer colours by
+    too), each run decoded from its own tokens and coloured by its kind; the prompt folded."""
+    pieces = []
+    for kind, start, end in kind_runs(token_kinds(traj, tokenizer)):
+        text = _run_text(traj, kind, start, end, tokenizer)
+        n = end - start
+        title = f"{kind}: tokens {start}-{end} ({n})"
+        if kind == "action" and traj.logprobs:
+            lps = traj.logprobs[start:end]
             title += f", mean logprob {sum(lps) / max(1, len(lps)):.2f}"
         piece = f'<span class="span {kind}" title="{html.escape(title)}">{html.escape(text)}</span>'
         if kind == "prompt":  # long (system prompt + tool schemas) and the same in every episode: folded
             piece = f"<details class='prompt'><summary>prompt · {n} tokens</summary>{piece}</details>"
         pieces.append(piece)
-        cursor = max(cursor, span.end)
     reward = "" if traj.reward is None else f"{traj.reward:.3f}"
     breakdown = ", ".join(
         f"{k} {v:.3f}" for k, v in traj.reward_breakdown.items() if not k.startswith("metric/")
@@ -579,6 +388,7 @@ def write_report(
     fall back to their stored text without one).
     """
     reader = RunReader(run_dir)
+    stage_labels = {s.name: s.label for s in reader.layout.stages} if reader.layout is not None else {}
     if reader.kind == "trajectories":
         raise RunTargetError(
             f"{reader.target}: searchrl report needs a run directory or a demo directory, not one trajectories "
@@ -586,7 +396,7 @@ def write_report(
         )
     root = reader.require_run("searchrl report")
     out = Path(out) if out is not None else reader.report_path()
-    metrics = normalise_metrics(reader.metrics(), reader.trainer)
+    metrics = reader.metrics()
     evals = reader.eval_files()
     if summary is None:
         summary = reader.summary()
@@ -609,7 +419,9 @@ def write_report(
         f"<h1>searchrl run report: {html.escape(name)}</h1>",
         f"<p class='meta'>{html.escape(reader.describe())} · {reader.trainer_label} run {html.escape(str(root))} · "
         f"{len(metrics)} logged steps · {len(evals)} eval file(s)</p>",
-        glance_section(metrics, reader.trainer_label, summary, evals, _eval_audits(reader, audit)),
+        glance_section(
+            metrics, reader.trainer_label, summary, evals, _eval_audits(reader, audit), stage_labels
+        ),
     ]
     if summary:
         parts.append("<h2>Summary</h2>")

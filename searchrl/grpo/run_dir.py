@@ -1,7 +1,7 @@
 """The run directory of a GRPO run, written through the run layer PPO uses, and resuming from it.
 
 Why: a GRPO run must be read, compared, evaluated and resumed like a PPO run (`searchrl report`, `view`,
-`eval --run`, the demo's side-by-side), so it writes the same layout through `searchrl.common.run`
+`eval --run`, the demo's side-by-side), so it writes the same layout through `searchrl.run.writer`
 (`Cadence`, `BestCheckpoint`, `RunDir`) instead of transformers' own `checkpoint-N/` folders:
 `metrics.jsonl` (with `episode` and the clocks), `eval/step-N.json` from the dev loop every trainer shares,
 `trajectories/step-N.jsonl.gz`, `samples.jsonl`, `best_checkpoint.json` and `checkpoints/step-N/` (`policy/`,
@@ -26,16 +26,15 @@ from transformers import TrainerCallback
 from searchrl.common.clock import TrainingClock
 from searchrl.common.config import ConfigError, load_config
 from searchrl.common.io import atomic_write_json, atomic_write_text
-from searchrl.common.run import BestCheckpoint, Cadence, RunDir
 from searchrl.grpo.config import GRPORunConfig
 from searchrl.grpo.record import BatchRecord
+from searchrl.run.writer import BestCheckpoint, Cadence, RunDir
 
 # TRL's names for what PPO logs under the stability kit's names (both are kept in metrics.jsonl).
-TRL_TO_PPO_NAMES = {"entropy": "objective/entropy_per_token"}
 
 
 class RunDirCallback(TrainerCallback):
-    """Writes the run directory through the run layer (`searchrl.common.run`), on the same cadence as PPO.
+    """Writes the run directory through the run layer (`searchrl.run.writer`), on the same cadence as PPO.
 
     TRL's logs go to `metrics.jsonl` with `step`, `episode` and the clocks (`Cadence`: every
     `logging_steps`, and always a step that evaluated or ended the run); the dev evaluation runs every
@@ -148,7 +147,6 @@ class RunDirCallback(TrainerCallback):
         self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kw: Any
     ) -> None:
         numbers = {k: v for k, v in (logs or {}).items() if isinstance(v, int | float)}
-        numbers.update({ours: numbers[trl] for trl, ours in TRL_TO_PPO_NAMES.items() if trl in numbers})
         line = {"step": int(state.global_step), "episode": self.record.episodes, **self.clock(), **numbers}
         line.update(self.pending_eval)
         self.pending_eval = {}

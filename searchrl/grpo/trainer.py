@@ -52,10 +52,9 @@ import torch
 from transformers.trainer_utils import TrainOutput
 
 from searchrl.common.config import ConfigError, save_config
-from searchrl.common.run import RunDir, build_manifest
 from searchrl.data.datasets import load_qa
 from searchrl.env.environment import SearchEnvironment
-from searchrl.evaluation.evaluate import evaluate_during_training
+from searchrl.evaluation.loop import evaluate_during_training
 from searchrl.grpo.config import GRPORunConfig
 from searchrl.grpo.dataset import ROW_COLUMNS, prompt_dataset
 from searchrl.grpo.our_rollout import EngineRollout, EngineWeightSync
@@ -68,6 +67,8 @@ from searchrl.models.io import save_model_dir
 from searchrl.models.tiny import load_policy, load_tokenizer
 from searchrl.rewards.combine import Rubric, default_rubric, load_rubric
 from searchrl.rollout.backends import RolloutBackend, check_backend, make_generator
+from searchrl.run.manifest import build_manifest
+from searchrl.run.writer import RunDir
 from searchrl.search.base import Backend
 
 try:  # TRL is a hard dependency; the import is here so the error names what to install

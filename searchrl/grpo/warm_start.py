@@ -21,11 +21,11 @@ from typing import Any
 import torch
 
 from searchrl.common.config import ConfigError
-from searchrl.common.run import RunDir
 from searchrl.grpo.config import GRPO_MODES, GRPORunConfig
 from searchrl.models.tiny import load_policy
 from searchrl.ppo.config import PPOConfig
 from searchrl.rewards.combine import Rubric
+from searchrl.run.writer import RunDir
 from searchrl.search.base import Backend
 from searchrl.sections import with_sections_of
 

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM
 
-from searchrl.common.run import recorded_path_candidates
+from searchrl.run.reader import recorded_path_candidates
 
 ADAPTER_CONFIG = "adapter_config.json"
 
@@ -45,7 +45,7 @@ def adapter_base_dir(adapter_dir: str | Path, fallbacks: Iterable[str | Path | N
     """The local model folder the adapter in `adapter_dir` was trained on.
 
     Tries the adapter's `base_model_name_or_path`, then each of `fallbacks` (e.g. the run's starting policy),
-    each resolved as `searchrl.common.run.recorded_path_candidates` says (the run layer's rule); the first folder with a `config.json` wins. FileNotFoundError
+    each resolved as `searchrl.run.reader.recorded_path_candidates` says (the run layer's rule); the first folder with a `config.json` wins. FileNotFoundError
     names what was recorded and tried when none is found.
     """
     adapter_dir = Path(adapter_dir)

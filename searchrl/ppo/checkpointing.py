@@ -22,9 +22,9 @@ import torch
 
 from searchrl.common.config import save_config
 from searchrl.common.io import atomic_write_json
-from searchrl.common.run import build_manifest
 from searchrl.models.io import save_model_dir
 from searchrl.ppo.modeling import load_adapter_weights, load_weights
+from searchrl.run.manifest import build_manifest
 
 
 def start_or_resume(trainer: Any, resume: bool) -> None:

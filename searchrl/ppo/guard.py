@@ -17,8 +17,8 @@ from typing import Any, Literal
 
 import numpy as np
 
-from searchrl.common.run import step_of_name
 from searchrl.ppo.config import PPOConfig
+from searchrl.run.writer import step_of
 
 logger = logging.getLogger(__name__)
 
@@ -113,7 +113,7 @@ class CollapseGuard:
         reason = self.check({k: v for k, v in metrics.items() if isinstance(v, int | float)})
         if reason is None or last_good is None:
             return GuardDecision()
-        target = step_of_name(last_good.name)
+        target = step_of(last_good.name)
         if target == step - 1:
             logger.warning("collapse guard: %s at step %d, on the last good weights' own rollouts: no rollback",
                            reason, step)  # fmt: skip

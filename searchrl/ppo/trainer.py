@@ -28,9 +28,9 @@ Several processes (`accelerate launch --num_processes N`): each rank rolls out i
 batch; token weights, whitening, the controller's KL and the metrics are made global through `self.ranks`
 (`distributed.py` says how); on one process every such call is the identity.
 
-What is not the algorithm has its own owner: the run layer (`searchrl.common.run`: the run directory, when
+What is not the algorithm has its own owner: the run layer (`searchrl.run.writer`: the run directory, when
 to log, evaluate, save and write samples, the best checkpoint; `common.clock`; `common.health`, the
-monitors GRPO logs too), `evaluation.evaluate.evaluate_during_training` (the dev loop), the rollout engines
+monitors GRPO logs too), `evaluation.loop.evaluate_during_training` (the dev loop), the rollout engines
 (`searchrl.rollout`), and beside this file `checkpointing.py` (what a checkpoint holds, resume),
 `callbacks.py` (transformers callbacks, the progress bar), `guard.py` (the collapse guard and its decision),
 `distributed.py` (processes, cross-rank statistics, DeepSpeed), `modeling.py` (the models), `batch.py` (the
@@ -53,9 +53,8 @@ from torch import nn
 
 from searchrl.common.clock import TrainingClock
 from searchrl.common.health import likelihood_metrics
-from searchrl.common.run import BestCheckpoint, Cadence, RunDir
 from searchrl.common.trajectory import Trajectory
-from searchrl.evaluation.evaluate import evaluate_during_training
+from searchrl.evaluation.loop import evaluate_during_training
 from searchrl.ppo import checkpointing
 from searchrl.ppo.advantages import (
     apply_missing_eos_penalty,
@@ -82,6 +81,7 @@ from searchrl.ppo.optim import clip_and_step, optimizer_and_scheduler
 from searchrl.rewards.qa import answered_right
 from searchrl.rollout.backends import RolloutBackend, make_generator, sync_engine_weights
 from searchrl.rollout.stats import scored_episode_stats
+from searchrl.run.writer import BestCheckpoint, Cadence, RunDir
 
 __all__ = ["PPOTrainer", "collate_trajectories", "trim_to_length"]
 
@@ -567,7 +567,7 @@ class PPOTrainer:
                     f"score {metrics['objective/scores']:.3f} kl {metrics['objective/kl']:.3f}",
                 )
         latest = self.run.latest_checkpoint()
-        if latest is None or latest.name != f"step-{self.global_step}":
+        if latest is None or latest != self.run.checkpoint_dir(self.global_step):
             self.save_checkpoint()
         self.training_clock.stop()
         self._callback("on_train_end")

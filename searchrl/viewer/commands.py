@@ -22,11 +22,12 @@ def view_command(
     port: Annotated[int, typer.Option("--port", min=1, max=65535, help="TCP port of the page.")] = 8765,
 ) -> None:
     """Browse trajectories: pick a source (training, an evaluation), filter, then read one token by token."""
-    from searchrl.viewer.server import RunDirError, check_run_dir, serve  # fastapi: not for --help
+    from searchrl.run.errors import RunTargetError
+    from searchrl.viewer.server import check_run_dir, serve  # fastapi: not for --help
 
     try:
         reader = check_run_dir(run)
-    except RunDirError as err:
+    except RunTargetError as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(2) from None
 

@@ -1,11 +1,12 @@
 """The trajectory viewer: a local web page over a run, a demo, or one trajectories file.
 
 What: `create_app(target)` is a small FastAPI app that serves one HTML page (vanilla JS, no CDN, no
-external assets) and a JSON API over the target's trajectory sources (`searchrl.common.run.RunReader`):
+external assets) and a JSON API over the target's trajectory sources (`searchrl.run.reader.RunReader`):
 a run's training steps (`RUN/trajectories/step-*.jsonl.gz`) and its evaluations' trajectories
-(`RUN/eval/*.trajectories.jsonl.gz`); for a demo directory also the hidden-test evaluations of the SFT
-and PPO policies (`DEMO/eval/sft-test.jsonl.gz`, `ppo-test.jsonl.gz`) and, after `--compare-grpo`, the
-GRPO runs' training steps; for a single file, that file. Every endpoint takes ``source`` (an id from
+(`RUN/eval/*.trajectories.jsonl.gz`); for a demo directory also the evaluations its layout lists (the
+synthetic demo's: the SFT and PPO policies on the hidden test split,
+`DEMO/eval/{sft,ppo}-test.trajectories.jsonl.gz`) and its other runs' training steps (the GRPO runs, after
+`--compare-grpo`); for a single file, that file. Every endpoint takes ``source`` (an id from
 ``/api/summary``; default: the first source, a run's training steps):
 
 * ``GET /api/summary``                  target, kind, the sources, and for the chosen source its steps,
@@ -13,8 +14,9 @@ GRPO runs' training steps; for a single file, that file. Every endpoint takes ``
 * ``GET /api/trajectories``             the list, filtered by ``step``, ``min_reward``, ``max_reward``,
   ``correct`` (``yes``/``no``: exact match against the golds), ``termination`` and ``q`` (text);
 * ``GET /api/trajectories/{key}``       one trajectory token by token: text, kind (prompt / action /
-  observation / glue), sampling logprob, and the advantage, KL and value the PPO step computed (saved
-  by `PPOTrainer` in `metadata` when `save_trajectories` is on), where the score was placed (the last
+  observation / glue, `searchrl.common.trajectory.token_kinds`: the report colours by the same rule),
+  sampling logprob, and the advantage, KL and value the PPO step computed (saved by `PPOTrainer` in
+  `metadata` when `save_trajectories` is on), where the score was placed (the last
   action token), the reward breakdown and every tool call with its arguments, status and latency.
 
 Why a viewer: a search agent's failures are quiet (a timeout is an observation, a forged tag is
@@ -39,9 +41,12 @@ from typing import Any
 from fastapi import FastAPI, HTTPException, Query
 from fastapi.responses import JSONResponse, Response
 
-from searchrl.common.run import RunReader, RunTargetError, TrajectorySource, step_of_path
-from searchrl.common.trajectory import TERMINATION_REASONS, Trajectory, read_trajectories
+from searchrl.common.trajectory import TERMINATION_REASONS, Trajectory, read_trajectories, token_kinds
 from searchrl.rewards.qa import exact_match
+from searchrl.run.errors import RunTargetError
+from searchrl.run.reader import RunReader
+from searchrl.run.sources import TrajectorySource
+from searchrl.run.writer import step_of
 
 STATIC_FILES = {
     "index.html": "text/html; charset=utf-8",
@@ -49,10 +54,6 @@ STATIC_FILES = {
     "style.css": "text/css; charset=utf-8",
 }
 CORRECT_CHOICES = ("yes", "no")
-
-
-# The error `searchrl view` reports for a bad target: the reader's, under the name this module always had.
-RunDirError = RunTargetError
 
 
 @dataclass
@@ -68,7 +69,7 @@ class Entry:
 
 
 def check_run_dir(target: str | Path) -> RunReader:
-    """The target's reader, or a `RunDirError` saying what is wrong and what the viewer accepts.
+    """The target's reader, or a `RunTargetError` saying what is wrong and what the viewer accepts.
 
     Accepted: a run directory (PPO or GRPO), a demo directory, or one trajectories file. A target with
     no trajectories at all (no `trajectories/` folder and no evaluation trajectories) is refused.
@@ -76,19 +77,13 @@ def check_run_dir(target: str | Path) -> RunReader:
     reader = RunReader(target)
     sources = reader.trajectory_sources()
     if not any(s.files() or (s.folder is not None and s.folder.is_dir()) for s in sources):
-        raise RunDirError(
+        raise RunTargetError(
             f"{reader.target}: has no trajectories: no trajectories/ folder and no evaluation trajectories. "
             "Train with save_trajectories on (PPOConfig / GRPORunConfig save_trajectories: true) so the run "
             "writes trajectories/step-*.jsonl.gz, or run `searchrl eval --run RUN` (it writes "
             "RUN/eval/*.trajectories.jsonl.gz); or pass a trajectories file"
         )
     return reader
-
-
-def step_of_file(path: Path) -> int:
-    """`step-000012.jsonl.gz` -> 12; files with another name sort first (step -1)."""
-    step = step_of_path(path)
-    return -1 if step is None else step
 
 
 def _finite(x: Any) -> float | None:
@@ -139,7 +134,7 @@ class RunData:
         cached = self._files.get(path)
         if cached is not None and cached[0] == mtime and all(e.source == source.id for e in cached[1]):
             return cached[1]
-        file_step = step_of_path(path)
+        file_step = step_of(path.name)
         entries = []
         for i, traj in enumerate(read_trajectories(path)):
             raw = traj.metadata.get("step", file_step)
@@ -206,37 +201,6 @@ def summary_row(entry: Entry) -> dict[str, Any]:
         "num_action_tokens": t.num_action_tokens,
         "injection_attempts": int(t.metadata.get("injection_attempts", 0) or 0),
     }
-
-
-def token_kinds(traj: Trajectory, tokenizer: Any = None) -> list[str]:
-    """The span kind of every position; positions no span covers are template glue.
-
-    An observation span holds the chat template's tool-message glue around the document text; with a
-    tokenizer, the tokens outside the text's own ids (found as a contiguous run) are marked glue.
-    """
-    kinds = ["glue"] * len(traj.input_ids)
-    for span in traj.spans:
-        for i in range(max(0, span.start), min(span.end, len(kinds))):
-            kinds[i] = span.kind
-        if span.kind == "observation" and span.text and tokenizer is not None:
-            _mark_observation_glue(kinds, traj.input_ids, span, tokenizer)
-    # The action mask is the ground truth of what was sampled, whatever the spans say.
-    for i, m in enumerate(traj.action_mask):
-        if m:
-            kinds[i] = "action"
-    return kinds
-
-
-def _mark_observation_glue(kinds: list[str], ids: list[int], span: Any, tokenizer: Any) -> None:
-    content = tokenizer.encode(span.text, add_special_tokens=False)
-    window = ids[span.start : span.end]
-    n = len(content)
-    for offset in range(0, len(window) - n + 1):
-        if window[offset : offset + n] == content:
-            for i in range(span.start, span.end):
-                if not span.start + offset <= i < span.start + offset + n:
-                    kinds[i] = "glue"
-            return
 
 
 def per_token(traj: Trajectory, name: str) -> list[float | None]:

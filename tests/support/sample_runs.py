@@ -1,7 +1,7 @@
 """Builders shared by the tests of what `searchrl view / audit / report / eval` accept (no tests here).
 
 - `build_smoke_demo(root)`: the real smoke demo (`searchrl.demo.configs.smoke_config` + `searchrl.demo.pipeline.run_demo`), every
-  stage at toy size: `ppo/` (a PPO run), `eval/{sft,ppo}-test.json` + `.jsonl.gz`, `sft/policy`, `data/`,
+  stage at toy size: `ppo/` (a PPO run), `eval/{sft,ppo}-test.json` + `.trajectories.jsonl.gz`, `sft/policy`, `data/`,
   `index/`, `summary.json`, `report.html`.
 - `build_grpo_run(root)`: a real one-step GRPO run (`run_grpo`, our rollout engine) from a tiny policy saved
   to disk, evaluated at step 0, with its checkpoint, trajectories, config.yaml and manifest.json.
