@@ -188,7 +188,7 @@ def train_from_warm_start(
     import torch
 
     from searchrl.env.environment import SearchEnvironment
-    from searchrl.models.tiny import load_policy, load_tokenizer
+    from searchrl.models.io import load_policy, load_tokenizer
     from searchrl.ppo.trainer import PPOTrainer
     from searchrl.rewards.combine import default_rubric
 

@@ -30,7 +30,8 @@ def measure(run: Path, steps: int, batch: int, trl_loss: bool, bf16: bool, threa
     from searchrl.common.config import load_config
     from searchrl.common.trajectory import read_trajectories
     from searchrl.demo.configs import DemoConfig
-    from searchrl.models.tiny import build_policy, load_tokenizer
+    from searchrl.models.io import load_tokenizer
+    from searchrl.models.tiny import build_policy
     from searchrl.sft.warm_start import run_sft
 
     torch.set_num_threads(threads)

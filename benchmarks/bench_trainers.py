@@ -46,14 +46,8 @@ from searchrl.data.synthetic import generate, preset_config  # noqa: E402
 from searchrl.env.environment import SearchEnvironment  # noqa: E402
 from searchrl.grpo.config import GRPORunConfig  # noqa: E402
 from searchrl.grpo.trainer import build_grpo_trainer  # noqa: E402
-from searchrl.models.tiny import (  # noqa: E402
-    TinyModelConfig,
-    build_policy,
-    load_policy,
-    load_tokenizer,
-    tokenizer_training_texts,
-    train_tokenizer,
-)
+from searchrl.models.io import load_policy, load_tokenizer  # noqa: E402
+from searchrl.models.tiny import TinyModelConfig, build_policy, tokenizer_training_texts, train_tokenizer  # noqa: E402
 from searchrl.ppo.config import PPOConfig  # noqa: E402
 from searchrl.rewards.combine import default_rubric  # noqa: E402
 from searchrl.rollout.chat import render_conversation  # noqa: E402

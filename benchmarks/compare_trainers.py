@@ -101,7 +101,7 @@ def run_trainer(name: str, run: DemoRun, args: PPOConfig, backend: Any, out_dir:
     """Train `name` into `out_dir` (fresh), evaluate its final policy on test; the trainer's JSON entry."""
     from searchrl.env.environment import SearchEnvironment
     from searchrl.grpo.warm_start import final_policy_dir, train_grpo_from_warm_start
-    from searchrl.models.tiny import load_policy, load_tokenizer
+    from searchrl.models.io import load_policy, load_tokenizer
     from searchrl.rewards.combine import default_rubric
 
     label, mode = TRAINERS[name]

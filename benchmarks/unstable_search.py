@@ -169,7 +169,7 @@ def record_snapshot(run: DemoRun, spec: dict[str, Any]) -> dict[str, Any]:
     """Record the replay snapshot (see the module docstring); returns what went into it."""
     from searchrl.common.trajectory import read_trajectories
     from searchrl.env.environment import SearchEnvironment
-    from searchrl.models.tiny import load_policy, load_tokenizer
+    from searchrl.models.io import load_policy, load_tokenizer
     from searchrl.rollout.generator import GenerationConfig, HFGenerator
 
     t0 = time.perf_counter()

@@ -32,7 +32,7 @@ from searchrl.demo.real import import_base, run_real_demo
 from searchrl.env.config import EnvConfig
 from searchrl.env.environment import SearchEnvironment
 from searchrl.env.protocol import format_search_r1_call
-from searchrl.models.tiny import load_policy, load_tokenizer
+from searchrl.models.io import load_policy, load_tokenizer
 from searchrl.ppo.config import PPOConfig
 from searchrl.rewards.citation import citation_status
 from searchrl.rewards.qa import contains_answer

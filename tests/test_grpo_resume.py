@@ -20,7 +20,7 @@ from worlds import GrpoWorld, grpo_config
 
 from searchrl.common.config import ConfigError
 from searchrl.grpo.trainer import build_grpo_trainer
-from searchrl.models.tiny import load_policy
+from searchrl.models.io import load_policy
 
 STEPS, SAVE_EVERY, KILL_AT = 4, 2, 3
 

@@ -14,7 +14,7 @@ from worlds import grpo_config
 from searchrl.common.trajectory import Trajectory
 from searchrl.grpo.reward import RubricReward
 from searchrl.grpo.trainer import build_grpo_trainer
-from searchrl.models.tiny import load_policy
+from searchrl.models.io import load_policy
 from searchrl.run.reader import RunReader
 
 

@@ -26,10 +26,8 @@ from searchrl.grpo.config import GRPORunConfig
 from searchrl.grpo.trainer import build_grpo_trainer
 from searchrl.grpo.trl_loop import spans_from_mask, tool_env_factory, unexecuted_call_records
 from searchrl.models.forward_patches import shares_storage
-from searchrl.models.tiny import (
-    build_policy,
-    load_policy,
-)
+from searchrl.models.io import load_policy
+from searchrl.models.tiny import build_policy
 from searchrl.rollout.chat import prompt_ids
 
 REPO = Path(__file__).resolve().parents[1]

@@ -149,7 +149,7 @@ sys.path.insert(0, {tests!r})
 from pathlib import Path
 from support.forced_ppo import TinyWorld, make_trainer
 from searchrl.data.synthetic import generate, preset_config
-from searchrl.models.tiny import load_tokenizer
+from searchrl.models.io import load_tokenizer
 from searchrl.search.index import load_index
 
 root = Path({root!r})

@@ -22,7 +22,8 @@ from typer.testing import CliRunner
 from searchrl.cli import app
 from searchrl.models.adapter import adapter_base_dir
 from searchrl.models.export import MANIFEST_NAME, ExportError, export_checkpoint
-from searchrl.models.tiny import build_policy, load_policy
+from searchrl.models.io import load_policy
+from searchrl.models.tiny import build_policy
 from searchrl.ppo.config import PPOConfig
 from searchrl.ppo.trainer import PPOTrainer
 

@@ -8,8 +8,8 @@ import pytest
 import torch
 from worlds import TINY_ONE_LAYER
 
-from searchrl.models.io import STAGING_MARK, save_model_dir, staged_model_dir
-from searchrl.models.tiny import build_policy, load_policy, load_tokenizer, train_tokenizer
+from searchrl.models.io import STAGING_MARK, load_policy, load_tokenizer, save_model_dir, staged_model_dir
+from searchrl.models.tiny import build_policy, train_tokenizer
 
 
 class _Writes:

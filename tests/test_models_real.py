@@ -39,8 +39,7 @@ from searchrl.models.gguf_tokenizer import (
     restore_smollm_pretokenizer,
     tool_chat_template,
 )
-from searchrl.models.io import STAGING_MARK
-from searchrl.models.tiny import load_policy, load_tokenizer
+from searchrl.models.io import STAGING_MARK, load_policy, load_tokenizer
 from searchrl.rollout.chat import ToolGlue, inline_observation_ids, prompt_ids, render_conversation
 from searchrl.rollout.generator import GenerationConfig, HFGenerator, ScriptedPolicy, sampling_log_probs
 from searchrl.search.index import build_index

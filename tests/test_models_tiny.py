@@ -12,14 +12,12 @@ from transformers import Qwen2ForCausalLM, Qwen2ForSequenceClassification
 from trl.chat_template_utils import is_chat_template_prefix_preserving, supports_tool_calling
 from worlds import TINY_ONE_LAYER
 
+from searchrl.models.io import load_policy, load_tokenizer, load_value_model
 from searchrl.models.tiny import (
     PROTOCOL_TOKENS,
     TinyModelConfig,
     build_policy,
     build_value_model,
-    load_policy,
-    load_tokenizer,
-    load_value_model,
     qwen2_5_chat_template,
     tokenizer_training_texts,
     train_tokenizer,

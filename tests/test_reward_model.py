@@ -18,13 +18,8 @@ from worlds import TINY_ONE_LAYER
 
 from searchrl.env.config import EnvConfig
 from searchrl.env.environment import SearchEnvironment
-from searchrl.models.tiny import (
-    build_policy,
-    build_value_model,
-    load_value_model,
-    tokenizer_training_texts,
-    train_tokenizer,
-)
+from searchrl.models.io import load_value_model
+from searchrl.models.tiny import build_policy, build_value_model, tokenizer_training_texts, train_tokenizer
 from searchrl.rewards.reward_model import (
     FrozenRewardModel,
     PreferencePair,

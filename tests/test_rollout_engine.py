@@ -410,7 +410,7 @@ def test_an_environment_that_raises_ends_only_its_rows_with_error(world):
 
 
 def test_a_model_loaded_from_a_local_directory_rolls_out_identically(world, tmp_path):
-    from searchrl.models.tiny import load_policy, load_tokenizer
+    from searchrl.models.io import load_policy, load_tokenizer
 
     world["model"].save_pretrained(tmp_path)
     world["tok"].save_pretrained(tmp_path)

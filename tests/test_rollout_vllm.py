@@ -602,7 +602,7 @@ class FakeLLM:
     def __init__(self, model, **kwargs):
         from types import SimpleNamespace
 
-        from searchrl.models.tiny import load_policy, load_tokenizer
+        from searchrl.models.io import load_policy, load_tokenizer
 
         self.kwargs = {"model": model, **kwargs}
         self.hf = HFTokenEngine(load_policy(model), load_tokenizer(model))

@@ -14,7 +14,7 @@ from searchrl.common.config import ConfigError, load_config
 from searchrl.common.trajectory import read_trajectories
 from searchrl.data.synthetic import generate, preset_config
 from searchrl.env.config import EnvConfig
-from searchrl.models.tiny import load_policy, load_tokenizer, load_value_model
+from searchrl.models.io import load_policy, load_tokenizer, load_value_model
 from searchrl.search.index import build_index
 from searchrl.sft.warm_start import SFTRunConfig
 

@@ -68,8 +68,8 @@ from searchrl.env.environment import SearchEnvironment
 from searchrl.evaluation.loop import evaluate_with_ppo_limits
 from searchrl.evaluation.report import write_report
 from searchrl.grpo.warm_start import final_policy_dir, train_grpo_from_warm_start
-from searchrl.models.io import save_model_dir
-from searchrl.models.tiny import build_policy, load_policy, tokenizer_training_texts, train_tokenizer
+from searchrl.models.io import load_policy, save_model_dir
+from searchrl.models.tiny import build_policy, tokenizer_training_texts, train_tokenizer
 from searchrl.ppo.trainer import PPOTrainer
 from searchrl.rewards.combine import default_rubric
 from searchrl.run.layout import write_layout

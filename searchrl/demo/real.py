@@ -64,8 +64,7 @@ from searchrl.demo.stages import StageProgress, StageRunner
 from searchrl.demo.summary import headline, real_demo_summary, type_counts
 from searchrl.env.environment import SearchEnvironment
 from searchrl.models.gguf import MANIFEST_NAME, import_gguf
-from searchrl.models.io import save_model_dir
-from searchrl.models.tiny import load_policy, load_tokenizer
+from searchrl.models.io import load_policy, load_tokenizer, save_model_dir
 from searchrl.ppo.trainer import PPOTrainer
 from searchrl.rewards.combine import default_rubric
 from searchrl.run.layout import write_layout

@@ -344,7 +344,7 @@ def _tokenizer_of(reader: RunReader) -> Any:
     if folder is None or not (folder / "tokenizer_config.json").exists():
         return None
     try:
-        from searchrl.models.tiny import load_tokenizer  # transformers: only when spans are decoded
+        from searchrl.models.io import load_tokenizer  # transformers: only when spans are decoded
 
         return load_tokenizer(folder)
     except (OSError, ValueError):

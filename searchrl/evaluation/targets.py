@@ -348,7 +348,7 @@ def load_policy_for_eval(reader: Any, config: Any, model_dir: Path) -> tuple[Any
     (`searchrl.models.adapter`; the run's starting policy is the fallback)."""
     # trl, datasets and pyarrow come with the model loaders: loaded when a model is.
     from searchrl.models.adapter import adapter_base_dir, is_adapter_dir, load_adapter_policy
-    from searchrl.models.tiny import load_policy, load_tokenizer
+    from searchrl.models.io import load_policy, load_tokenizer
 
     tok_dir = model_dir if (model_dir / "tokenizer_config.json").exists() else None
     if tok_dir is None and config is not None and config.tokenizer_path:

@@ -63,8 +63,7 @@ from searchrl.grpo.reward import RubricReward
 from searchrl.grpo.run_dir import RunDirCallback, resume_state
 from searchrl.grpo.trl_loop import tool_env_factory
 from searchrl.models.forward_patches import remove_trainer_forward_patches, shares_storage
-from searchrl.models.io import save_model_dir
-from searchrl.models.tiny import load_policy, load_tokenizer
+from searchrl.models.io import load_policy, load_tokenizer, save_model_dir
 from searchrl.rewards.combine import Rubric, default_rubric, load_rubric
 from searchrl.rollout.backends import RolloutBackend, check_backend, make_generator
 from searchrl.run.manifest import build_manifest
@@ -230,7 +229,7 @@ def _check_reference_model_source(cfg: GRPORunConfig, model: Any) -> None:
         raise ConfigError(
             f"beta={cfg.beta}: TRL reloads the reference model from the policy's config._name_or_path "
             f"({source!r}), which is not a local model directory. Save the policy with save_pretrained and "
-            "load it from that directory (searchrl.models.tiny.load_policy), or set beta: 0."
+            "load it from that directory (searchrl.models.io.load_policy), or set beta: 0."
         )
 
 

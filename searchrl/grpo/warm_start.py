@@ -22,7 +22,7 @@ import torch
 
 from searchrl.common.config import ConfigError
 from searchrl.grpo.config import GRPO_MODES, GRPORunConfig
-from searchrl.models.tiny import load_policy
+from searchrl.models.io import load_policy
 from searchrl.ppo.config import PPOConfig
 from searchrl.rewards.combine import Rubric
 from searchrl.run.writer import RunDir

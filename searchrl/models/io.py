@@ -1,6 +1,10 @@
-"""Model directories on disk: every model searchrl writes is written here, atomically.
+"""Model directories on disk: every model searchrl loads is loaded here, every model it writes written here.
 
-What: `save_model_dir(model, tokenizer, path)` writes a model (anything with `save_pretrained`: a transformers
+Loading: `load_policy`, `load_value_model` and `load_tokenizer` take any local model directory (the tiny
+model's, a real Qwen or SmolLM2 checkpoint, a run's checkpoint policy), never the hub; the tokenizer pads on
+the left and must have a pad token distinct from EOS.
+
+Saving: `save_model_dir(model, tokenizer, path)` writes a model (anything with `save_pretrained`: a transformers
 model, a PEFT adapter, a value model) and its tokenizer into a temporary sibling folder of `path`, then renames
 that folder to `path`. `staged_model_dir(path)` is the same publication step for a writer that adds files of
 its own before the folder appears (the GGUF import's manifest, the export's verification and manifest);
@@ -20,9 +24,53 @@ import secrets
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 STAGING_MARK = ".saving-"
+
+
+# torch and transformers are imported by the loaders when they load: `searchrl models --help` imports this
+# module (through the GGUF import's saving) and must stay light.
+
+
+def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
+    """Load a tokenizer from a local directory (never the hub) with left padding and a pad token."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    tok.padding_side = "left"
+    if tok.pad_token_id is None:
+        raise ValueError(f"tokenizer at {path} has no pad token; set one distinct from EOS and save it again")
+    if tok.pad_token_id == tok.eos_token_id:
+        raise ValueError(
+            f"tokenizer at {path}: pad token equals EOS ({tok.eos_token!r}); masks would hide real EOS tokens. "
+            "Set a distinct pad token (Qwen2.5 uses <|endoftext|>)."
+        )
+    return tok
+
+
+def load_policy(path: str | Path, dtype: torch.dtype | None = None) -> PreTrainedModel:
+    """Load any causal LM from a local directory (tiny or a real Qwen), in eval mode (float32 unless `dtype`)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    dtype = torch.float32 if dtype is None else dtype
+    return AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True, dtype=dtype).eval()
+
+
+def load_value_model(path: str | Path, dtype: torch.dtype | None = None) -> PreTrainedModel:
+    """Load a sequence-classification (value/reward) model from a local directory (float32 unless `dtype`)."""
+    import torch
+    from transformers import AutoModelForSequenceClassification
+
+    dtype = torch.float32 if dtype is None else dtype
+    return AutoModelForSequenceClassification.from_pretrained(
+        str(path), local_files_only=True, dtype=dtype, num_labels=1
+    ).eval()
 
 
 def write_model_files(model: Any, tokenizer: Any | None, folder: str | Path) -> None:

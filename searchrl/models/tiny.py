@@ -4,7 +4,7 @@ Why: nothing may download at run time, yet every code path (chat template, tool-
 value model) must be the one a real Qwen2.5 model goes through. So the tokenizer speaks the Qwen2.5
 chat format through the template file that the installed trl package ships (read at run time, never
 copied), and the models are `Qwen2ForCausalLM` / `Qwen2ForSequenceClassification` built from a config.
-`load_policy` / `load_tokenizer` take any local model directory, so a real Qwen checkpoint drops in.
+Loading and saving model directories (the tiny model's or any other local one) is `searchrl.models.io`'s.
 """
 
 from __future__ import annotations
@@ -18,9 +18,6 @@ from typing import Any
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 from transformers import (
-    AutoModelForCausalLM,
-    AutoModelForSequenceClassification,
-    AutoTokenizer,
     PreTrainedModel,
     PreTrainedTokenizerBase,
     PreTrainedTokenizerFast,
@@ -249,29 +246,3 @@ def build_value_model(
     cfg = cfg or TinyModelConfig()
     config = qwen2_config(tokenizer, cfg, num_labels=1)
     return _build(Qwen2ForSequenceClassification, config, cfg.seed + 1)
-
-
-def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
-    """Load a tokenizer from a local directory (never the hub) with left padding and a pad token."""
-    tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-    tok.padding_side = "left"
-    if tok.pad_token_id is None:
-        raise ValueError(f"tokenizer at {path} has no pad token; set one distinct from EOS and save it again")
-    if tok.pad_token_id == tok.eos_token_id:
-        raise ValueError(
-            f"tokenizer at {path}: pad token equals EOS ({tok.eos_token!r}); masks would hide real EOS tokens. "
-            "Set a distinct pad token (Qwen2.5 uses <|endoftext|>)."
-        )
-    return tok
-
-
-def load_policy(path: str | Path, dtype: torch.dtype = torch.float32) -> PreTrainedModel:
-    """Load any causal LM from a local directory (tiny or a real Qwen), in eval mode."""
-    return AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True, dtype=dtype).eval()
-
-
-def load_value_model(path: str | Path, dtype: torch.dtype = torch.float32) -> PreTrainedModel:
-    """Load a sequence-classification (value/reward) model from a local directory."""
-    return AutoModelForSequenceClassification.from_pretrained(
-        str(path), local_files_only=True, dtype=dtype, num_labels=1
-    ).eval()

@@ -69,14 +69,8 @@ def environment_factory(cfg: PPOConfig, backend: Any, tokenizer: Any) -> Callabl
 def load_or_build_policy(cfg: PPOConfig, train_rows: list[dict]) -> tuple[Any, Any]:
     """(policy, tokenizer): from `policy_model_path`, else a fresh tiny model over the task's text."""
     # transformers and trl: loaded when training starts, not for --help.
-    from searchrl.models.tiny import (
-        TinyModelConfig,
-        build_policy,
-        load_policy,
-        load_tokenizer,
-        tokenizer_training_texts,
-        train_tokenizer,
-    )
+    from searchrl.models.io import load_policy, load_tokenizer
+    from searchrl.models.tiny import TinyModelConfig, build_policy, tokenizer_training_texts, train_tokenizer
 
     if cfg.policy_model_path:
         path = _existing(cfg.policy_model_path, "policy_model_path", "train the SFT warm start first")
@@ -95,7 +89,7 @@ def load_side_models(cfg: PPOConfig) -> tuple[Any, Any, Any]:
     Without `value_model_path` the critic starts from the reward model when one is given (TRL's
     examples did so), else the trainer builds it from the policy's backbone.
     """
-    from searchrl.models.tiny import load_policy, load_value_model  # transformers and trl, as above
+    from searchrl.models.io import load_policy, load_value_model  # transformers and trl, as above
 
     ref = load_policy(cfg.ref_model_path) if cfg.ref_model_path else None
     reward_model = load_value_model(cfg.reward_model_path) if cfg.reward_model_path else None

@@ -459,5 +459,5 @@ def evaluate_reward_model(
 
 
 def save_reward_model(model: Any, tokenizer: Any, out_dir: str | Path) -> Path:
-    """`save_pretrained` of the model and its tokenizer (loadable by `models.tiny.load_value_model`)."""
+    """`save_pretrained` of the model and its tokenizer (loadable by `models.io.load_value_model`)."""
     return save_model_dir(model, tokenizer, out_dir)

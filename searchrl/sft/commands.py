@@ -170,7 +170,8 @@ def rm_train(
 ) -> None:
     """Train a reward model with TRL's RewardTrainer and report pairwise accuracy on held-out pairs."""
     # torch, transformers and trl, as in `sft`.
-    from searchrl.models.tiny import TinyModelConfig, build_value_model, load_tokenizer, load_value_model
+    from searchrl.models.io import load_tokenizer, load_value_model
+    from searchrl.models.tiny import TinyModelConfig, build_value_model
     from searchrl.rewards.reward_model import (
         RewardModelConfig,
         save_reward_model,
@@ -216,7 +217,7 @@ def rm_eval(
 ) -> None:
     """Pairwise accuracy (chosen scored above rejected) and TRL's eval metrics of a saved reward model."""
     # torch, transformers and trl, as in `sft`.
-    from searchrl.models.tiny import load_tokenizer, load_value_model
+    from searchrl.models.io import load_tokenizer, load_value_model
     from searchrl.rewards.reward_model import (
         RewardModelConfig,
         build_preference_pairs,

@@ -47,15 +47,8 @@ from searchrl.env.config import EnvConfig
 from searchrl.env.environment import SearchEnvironment
 from searchrl.env.protocol import parse_turn
 from searchrl.models.forward_patches import remove_trainer_forward_patches
-from searchrl.models.io import save_model_dir
-from searchrl.models.tiny import (
-    TinyModelConfig,
-    build_policy,
-    load_policy,
-    load_tokenizer,
-    tokenizer_training_texts,
-    train_tokenizer,
-)
+from searchrl.models.io import load_policy, load_tokenizer, save_model_dir
+from searchrl.models.tiny import TinyModelConfig, build_policy, tokenizer_training_texts, train_tokenizer
 from searchrl.rollout.chat import render_conversation
 from searchrl.rollout.generator import GenerationConfig, HFGenerator
 from searchrl.sections import EnvironmentSection
