@@ -29,6 +29,7 @@ COMMAND_MODULES: list[str] = [
     "searchrl.demo.commands",
     "searchrl.sft.commands",
     "searchrl.models.commands",
+    "searchrl.run.commands",
 ]
 
 

@@ -53,6 +53,7 @@ from searchrl.common.config import (
     require_int,
 )
 from searchrl.env.config import EnvConfig, EpisodeSettings
+from searchrl.rollout.sampling import ROLLOUT_BACKENDS
 from searchrl.search.base import Backend
 
 if TYPE_CHECKING:
@@ -62,7 +63,6 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 SEARCH_BACKENDS = ("bm25", "dense", "http")
-ROLLOUT_BACKENDS = ("hf", "vllm")
 LR_SCHEDULER_TYPES = (
     "linear",
     "cosine",

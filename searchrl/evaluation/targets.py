@@ -345,10 +345,10 @@ def _evaluate_target(
 def load_policy_for_eval(reader: Any, config: Any, model_dir: Path) -> tuple[Any, Any]:
     """(policy, tokenizer) of a model folder; the tokenizer from the folder, else the run's. A LoRA checkpoint
     (an adapter folder) is merged into its base model, found from any working directory
-    (`searchrl.models.adapter`; the run's starting policy is the fallback)."""
+    (`searchrl.run.adapter`; the run's starting policy is the fallback)."""
     # trl, datasets and pyarrow come with the model loaders: loaded when a model is.
-    from searchrl.models.adapter import adapter_base_dir, is_adapter_dir, load_adapter_policy
     from searchrl.models.io import load_policy, load_tokenizer
+    from searchrl.run.adapter import adapter_base_dir, is_adapter_dir, load_adapter_policy
 
     tok_dir = model_dir if (model_dir / "tokenizer_config.json").exists() else None
     if tok_dir is None and config is not None and config.tokenizer_path:

@@ -26,8 +26,8 @@ from searchrl.common.config import ConfigError
 from searchrl.rollout import vllm_generator
 from searchrl.rollout.generator import HFGenerator
 from searchrl.rollout.loop import GenerationConfig
+from searchrl.rollout.sampling import ROLLOUT_BACKENDS
 from searchrl.rollout.vllm_generator import VLLMGenerator
-from searchrl.sections import ROLLOUT_BACKENDS
 
 
 @dataclass(frozen=True)

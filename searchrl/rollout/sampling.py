@@ -11,6 +11,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+# The rollout engines a run's `rollout_backend` may name (`searchrl.rollout.backends.make_generator`): declared
+# here, in the light module of this room, so the settings (`sections.py`) can check the name without torch.
+ROLLOUT_BACKENDS: tuple[str, ...] = ("hf", "vllm")
+
 
 @dataclass(frozen=True)
 class Sampling:

@@ -20,12 +20,12 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from typer.testing import CliRunner
 
 from searchrl.cli import app
-from searchrl.models.adapter import adapter_base_dir
-from searchrl.models.export import MANIFEST_NAME, ExportError, export_checkpoint
 from searchrl.models.io import load_policy
 from searchrl.models.tiny import build_policy
 from searchrl.ppo.config import PPOConfig
 from searchrl.ppo.trainer import PPOTrainer
+from searchrl.run.adapter import adapter_base_dir
+from searchrl.run.export import MANIFEST_NAME, ExportError, export_checkpoint
 
 runner = CliRunner()
 PROBE = "In which province is Varnholt? Search first."

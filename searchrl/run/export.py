@@ -30,8 +30,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from searchrl.common.io import atomic_write_json
-from searchrl.models.adapter import adapter_base_dir, load_adapter_policy, recorded_base
 from searchrl.models.io import staged_model_dir, write_model_files
+from searchrl.run.adapter import adapter_base_dir, load_adapter_policy, recorded_base
 from searchrl.run.reader import RunReader
 
 MANIFEST_NAME = "export_manifest.json"
@@ -58,7 +58,7 @@ class ExportResult:
 
 def _base_model_dir(policy_dir: Path, raw_config: dict[str, Any], base_model: str | Path | None) -> Path:
     """Where an adapter's base model is: `base_model`, else the adapter's own record, else the run's start
-    (a relative record is resolved as `searchrl.models.adapter.adapter_base_dir` says)."""
+    (a relative record is resolved as `searchrl.run.adapter.adapter_base_dir` says)."""
     if base_model is not None:
         path = Path(base_model)
         if not (path / "config.json").is_file():
