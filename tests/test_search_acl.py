@@ -485,3 +485,36 @@ def test_dense_filtered_topk_equals_brute_force(
     expected = sorted((float(s) for s, ok in zip(sims, readable_mask, strict=True) if ok), reverse=True)[:k]
     assert [h.score for h in hits] == pytest.approx(expected, abs=1e-4)
     assert {h.doc_id for h in hits} <= readable
+
+
+ANY_PRINCIPAL = st.one_of(
+    st.text(max_size=12),
+    st.sampled_from(["alice", "bob", "*", "alice ", "ALICE", "alice\u0000", "al\u200bice", "бob", "b" * 300]),
+    st.integers(),
+    st.none(),
+    st.lists(st.text(max_size=3), max_size=2),
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(principal=ANY_PRINCIPAL)
+def test_any_principal_is_refused_or_reads_only_what_it_may(bm25: Any, principal: Any) -> None:
+    try:
+        hits = as_(bm25, principal, [BOB_OWN_QUERY, ALICE_OWN_QUERY, STAR_QUERY], 10)
+    except PrincipalError:
+        assert principal is not None
+        return
+    for row in hits:
+        assert set(ids(row)) <= READABLE.get(principal, PUBLIC), principal
+
+
+@settings(max_examples=100, deadline=None)
+@given(principal=ANY_PRINCIPAL)
+def test_the_service_answers_any_principal_with_a_4xx_or_only_what_it_may_read(
+    client: TestClient, principal: Any
+) -> None:
+    r = _retrieve(client, {"queries": [BOB_OWN_QUERY, ALICE_OWN_QUERY], "topk": 10, "principal": principal})
+    assert r.status_code in (200, 422), r.text
+    if r.status_code == 200:
+        for row in r.json()["result"]:
+            assert {d["id"] for d in row} <= READABLE.get(principal, PUBLIC), principal
