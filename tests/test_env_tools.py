@@ -524,3 +524,23 @@ def test_text_that_asks_to_act_for_another_customer_changes_nothing() -> None:
     assert not any(secret in shown for secret in BOB_SECRETS)
     assert all(principals is None or set(principals) == {"alice"} for _, _, principals in backend.calls)
     assert env.principal == "alice"  # ... and the episode still acts for alice
+
+
+def test_an_argument_model_that_raises_is_an_invalid_call_not_a_crash() -> None:
+    from pydantic import field_validator
+
+    class Buggy(BaseModel):
+        order_id: str = Field(description="the id")
+
+        @field_validator("order_id")
+        @classmethod
+        def _boom(cls, value: str) -> str:
+            raise KeyError("bob-secret-note")
+
+    buggy = tool("buggy", "A tool whose validator has a bug.", Buggy)(lambda a, c: "never runs")
+    env = env_for(tools=(buggy,))
+    record = env.step(call("buggy", order_id="o-1")).records[0]
+    assert record.status == "invalid_arguments" and "KeyError" in (record.error or "")
+    assert "bob-secret-note" not in (record.error or "")
+    record, text = env.call_tool("buggy", {"order_id": "o-1"})  # TRL's path too
+    assert record.status == "invalid_arguments" and text.startswith("Error (invalid_arguments)")

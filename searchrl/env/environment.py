@@ -52,7 +52,7 @@ from typing import Any, Protocol
 
 from searchrl.common.trajectory import TERMINATION_REASONS, ToolCallRecord
 from searchrl.env.config import EnvConfig
-from searchrl.env.executors import offered_tools, start_tool_call, tool_observation
+from searchrl.env.executors import offered_tools, recorded_arguments, start_tool_call, tool_observation
 from searchrl.env.guard import BackendGuard, BatchOutcome, Flight, guard_for
 from searchrl.env.observations import ObservationWriter, TokenCounter
 from searchrl.env.protocol import (
@@ -440,7 +440,7 @@ class SearchEnvironment:
                 self.calls_sent += 1
             else:
                 slot.tool, slot.parsed = self.registry.get(call.name), call.parsed
-                record.arguments = call.parsed.model_dump(mode="json")
+                record.arguments = recorded_arguments(call.parsed, call.arguments)
                 self.calls_sent += 1
             plan.slots.append(slot)
         for message in plan.turn.malformed:

@@ -46,6 +46,14 @@ def start_tool_call(spec: ToolSpec, arguments: Any, context: ToolContext, config
     )
 
 
+def recorded_arguments(parsed: Any, raw: dict[str, Any]) -> dict[str, Any]:
+    """A call's validated arguments as the trajectory records them (JSON); the raw ones if they will not dump."""
+    try:
+        return parsed.model_dump(mode="json")
+    except Exception:  # a field type pydantic cannot write as JSON: keep what the policy wrote
+        return dict(raw)
+
+
 def tool_output_text(value: Any) -> tuple[str | None, str | None]:
     """(the observation text of an executor's return value, None) or (None, why it is not usable)."""
     if isinstance(value, str):

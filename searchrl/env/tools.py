@@ -207,6 +207,8 @@ class ToolSpec:
             return self.args_model.model_validate(arguments, context=limits), None
         except ValidationError as err:
             return None, f"invalid arguments for {self.name}: {describe_validation_error(err)}"
+        except Exception as exc:  # a validator with a bug must not crash a rollout: the call is refused
+            return None, f"invalid arguments for {self.name}: its argument model raised {type(exc).__name__}"
 
     def validate(
         self, arguments: Any, limits: ArgLimits = DEFAULT_LIMITS
