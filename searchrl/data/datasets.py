@@ -1,7 +1,8 @@
 """Load question-answer files into searchrl's row schema, from our JSONL or the formats others publish.
 
 searchrl's QA row is `{"id", "question", "golds", "hops", "supporting_doc_ids"}` (plus any extra fields the
-file carries, such as `answer_type`). Users arrive with other shapes, so `load_qa` also reads
+file carries, such as `answer_type`, and `principal`: the user the episode acts for, a principal id as
+`searchrl.search.acl` defines it, checked here). Users arrive with other shapes, so `load_qa` also reads
 
 - FlashRAG / Search-R1 raw rows: `question` + `golden_answers` (a list), optionally `id`;
 - rows with `answers` (a list) or `answer` (a string or a list) instead of `golds`;
@@ -20,6 +21,8 @@ from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from searchrl.search.acl import principal_problem
 
 # Where golds may live, in order of preference; a dotted name reaches into nested dicts.
 GOLD_FIELDS = ("golds", "golden_answers", "answers", "answer", "reward_model.ground_truth.target")
@@ -91,6 +94,9 @@ def normalize_qa_row(row: Any, where: str, default_id: str) -> dict[str, Any]:
     if supporting is None:
         raise DatasetError(f"{where}: field 'supporting_doc_ids' must be a list of document ids")
     out["supporting_doc_ids"] = supporting
+    problem = None if row.get("principal") is None else principal_problem(row["principal"])
+    if problem is not None:
+        raise DatasetError(f"{where}: field 'principal': {problem}")
     return out
 
 

@@ -1,8 +1,9 @@
 """searchrl.env: the tool environment between the policy's turns and the search backend.
 
 `parse_turn` reads a turn (tool calls, final answer, or what is malformed), `SearchEnvironment` runs an
-episode (validation, allow-list, budgets, batched searches under a deadline) with the settings of
-`EnvConfig` (the episode's `EpisodeSettings` and its own limits), `ObservationWriter` words what a search
+episode (validation, allow-list, budgets, batched searches under a deadline, user-defined tools made with
+`tool`, each episode acting for its row's principal) with the settings of `EnvConfig` (the episode's
+`EpisodeSettings` and its own limits), `ObservationWriter` words what a search
 shows the policy (sanitised, labelled, truncated), and `SearchToolEnv` adapts the environment to TRL
 1.16's `GRPOTrainer(environment_factory=...)`.
 """
@@ -27,7 +28,17 @@ from searchrl.env.protocol import (
     split_citations,
 )
 from searchrl.env.sanitize import sanitize_text
-from searchrl.env.tools import SEARCH_TOOL, ArgLimits, SearchArgs, ToolRegistry, ToolSpec
+from searchrl.env.tools import (
+    SEARCH_TOOL,
+    ArgLimits,
+    SearchArgs,
+    ToolContext,
+    ToolPermissionError,
+    ToolRegistry,
+    ToolSpec,
+    ToolUnavailable,
+    tool,
+)
 from searchrl.env.trl_adapter import SearchToolEnv, make_environment_factory
 
 __all__ = [
@@ -45,8 +56,11 @@ __all__ = [
     "TokenCounter",
     "TokenMeter",
     "ToolCall",
+    "ToolContext",
+    "ToolPermissionError",
     "ToolRegistry",
     "ToolSpec",
+    "ToolUnavailable",
     "Turn",
     "format_answer",
     "format_search_r1_call",
@@ -57,4 +71,5 @@ __all__ = [
     "sanitize_text",
     "split_citations",
     "step_batch",
+    "tool",
 ]

@@ -24,8 +24,9 @@ from searchrl.env.tools import ArgLimits
 
 CITATION_STYLES = ("doc_id", "number")
 
-# Tools the environment knows how to execute. Other registered tools can be named (and denied) only.
-EXECUTABLE_TOOLS = ("search",)
+# Tools the environment runs itself, which `allowed_tools` may name. A user-defined tool (with its executor)
+# is offered by passing it to `SearchEnvironment(tools=[...])`; other registered tools can only be denied.
+BUILTIN_TOOLS = ("search",)
 
 
 @dataclass
@@ -142,7 +143,10 @@ class EnvConfig(EpisodeSettings):
     )
     allowed_tools: list[str] = field(
         default_factory=lambda: ["search"],
-        metadata=help_text("Allow-list: a call to any other tool is a permission denial."),
+        metadata=help_text(
+            "Allow-list of built-in tools (['search'], or [] for none); the tools passed to "
+            "SearchEnvironment(tools=...) are allowed too, and a call to any other tool is a permission denial."
+        ),
     )
     breaker_failures: int = field(
         default=3, metadata=help_text("Consecutive failed batches after which the circuit breaker opens.")
@@ -163,10 +167,10 @@ class EnvConfig(EpisodeSettings):
         if self.breaker_failures < 1 or self.breaker_reset_s < 0:
             raise ConfigError("breaker_failures must be >= 1 and breaker_reset_s >= 0")
         for name in self.allowed_tools:
-            if name not in EXECUTABLE_TOOLS:
+            if name not in BUILTIN_TOOLS:
                 raise ConfigError(
-                    f"allowed_tools: {name!r} cannot be executed by SearchEnvironment; allow only "
-                    f"{list(EXECUTABLE_TOOLS)}"
+                    f"allowed_tools: {name!r} is not a built-in tool; allow only {list(BUILTIN_TOOLS)} here and "
+                    "offer your own tools with SearchEnvironment(tools=[...]) (docs/environment.md)"
                 )
 
     @property

@@ -6,10 +6,16 @@ One episode: `reset(row)` gives the prompt messages; then each finished policy t
 1. parses the turn (`protocol.parse_turn`): tool calls, a final answer, or what is malformed;
 2. validates every call (pydantic schema), authorises it (allow-list) and checks the budgets;
 3. sends all accepted searches of all rows as ONE `backend.search(queries, k)` per distinct
-   (backend, k), under a hard deadline, with retries and a shared circuit breaker (`guard.BackendGuard`);
+   (backend, k), under a hard deadline, with retries and a shared circuit breaker (`guard.BackendGuard`),
+   each query for its episode's principal; and runs every call of a user-defined tool (`tools=`) as its
+   own guarded executor call, all of them concurrently with the searches (`executors.py`);
 4. turns hits into sanitised, numbered, truncated observations, and every rejected or failed call
    into an observation that says what was wrong and how to call the tool correctly
    (`observations.ObservationWriter`).
+
+Whose episode: a row may carry ``principal``, the user the episode acts for (`searchrl.search.acl`). Every
+search of the episode returns only documents that principal may read (none: public documents only), and
+every executor receives it in its `ToolContext`. `max_tool_calls` counts searches and tool calls together.
 
 Its settings are `config.EnvConfig`: the episode's (`EpisodeSettings`, which the trainers' environment
 section is) and its own limits and failure handling.
@@ -40,12 +46,13 @@ tokens of the text.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from searchrl.common.config import ConfigError
 from searchrl.common.trajectory import TERMINATION_REASONS, ToolCallRecord
 from searchrl.env.config import EnvConfig
+from searchrl.env.executors import offered_tools, recorded_arguments, start_tool_call, tool_observation
 from searchrl.env.guard import BackendGuard, BatchOutcome, Flight, guard_for
 from searchrl.env.observations import ObservationWriter, TokenCounter
 from searchrl.env.protocol import (
@@ -60,7 +67,8 @@ from searchrl.env.protocol import (
     parse_turn,
 )
 from searchrl.env.sanitize import special_tokens_of
-from searchrl.env.tools import DEFAULT_REGISTRY, ToolRegistry
+from searchrl.env.tools import ToolContext, ToolRegistry, ToolSpec
+from searchrl.search.acl import check_principal
 from searchrl.search.base import Backend, Hit
 
 DEFAULT_SYSTEM_PROMPT_CHAT = (
@@ -136,6 +144,8 @@ class _Slot:
     k: int | None = None
     shown: dict[str, str] = field(default_factory=dict)
     injections: int = 0
+    tool: ToolSpec | None = None  # a user-defined tool to execute (search slots have query and k instead)
+    parsed: Any = None  # its validated arguments
 
 
 @dataclass
@@ -151,6 +161,9 @@ class SearchEnvironment:
 
     `meter` counts what each turn and observation costs against `max_episode_tokens`; the rollout sets its
     own per episode (exact token counts), and TRL's tool loop gets `rollout.chat.ChatTokenMeter`.
+    `tools` are user-defined tools (`searchrl.env.tools.tool`) the episode offers besides the config's
+    `allowed_tools`: registered and allowed (chat protocol only). `registry` may name further tools the
+    policy can call but is not allowed to (a permission denial).
     """
 
     def __init__(
@@ -160,12 +173,10 @@ class SearchEnvironment:
         tokenizer: Any | None = None,
         registry: ToolRegistry | None = None,
         meter: TokenMeter | None = None,
+        tools: Sequence[ToolSpec] = (),
     ) -> None:
         self.config = config if config is not None else EnvConfig()
-        self.registry = registry if registry is not None else DEFAULT_REGISTRY
-        for name in self.config.allowed_tools:
-            if name not in self.registry:
-                raise ConfigError(f"allowed_tools: {name!r} is not a registered tool ({self.registry.names})")
+        self.registry, self.allowed_tools = offered_tools(self.config, registry, tools)
         self.backend = backend
         self.guard: BackendGuard = guard_for(
             backend, self.config.breaker_failures, self.config.breaker_reset_s
@@ -183,7 +194,12 @@ class SearchEnvironment:
         """JSON tool schemas for `apply_chat_template(tools=...)` (chat protocol; `[]` for search_r1)."""
         if self.config.protocol != "chat" or not self.config.tool_schema_in_prompt:
             return []
-        return self.registry.schemas(self.config.allowed_tools, self.config.limits)
+        return self.registry.schemas(self.allowed_tools, self.config.limits)
+
+    @property
+    def principal(self) -> str | None:
+        """The user this episode acts for (the row's ``principal``); None: public documents only."""
+        return None if self.row is None else self.row.get("principal")
 
     @property
     def stop_strings(self) -> list[str]:
@@ -231,6 +247,7 @@ class SearchEnvironment:
         question = row.get("question")
         if not isinstance(question, str) or not question.strip():
             raise ValueError(f"reset(row): the row needs a non-empty 'question' string, got {question!r}")
+        check_principal(row.get("principal"), "reset(row): field 'principal'")
         self.row = dict(row)
         self._clear_episode()
         return [
@@ -318,6 +335,7 @@ class SearchEnvironment:
         self.final_text = ""
         self.tokens_used = 0  # after the prompt, as `meter` counts each turn and observation
         self.searches_sent = 0
+        self.calls_sent = 0  # searches and executed tool calls: what `max_tool_calls` counts
         self.injection_attempts = 0
         self._over_budget_warned = False
         self._last_observation: tuple[int, list[str]] = (0, [])  # (observations added, new doc ids)
@@ -398,28 +416,32 @@ class SearchEnvironment:
             slot = _Slot(record=record)
             if not call.ok:
                 self._reject(slot, str(call.status), str(call.error), hint)
-            elif call.name not in cfg.allowed_tools:
-                allowed = ", ".join(cfg.allowed_tools) or "none"
+            elif call.name not in self.allowed_tools:
+                allowed = ", ".join(self.allowed_tools) or "none"
                 self._reject(
                     slot,
                     "permission_denied",
                     f"the tool {call.name!r} is not allowed here; allowed tools: {allowed}",
                     hint,
                 )
-            elif self.searches_sent >= cfg.max_tool_calls:
+            elif self.calls_sent >= cfg.max_tool_calls:
                 over_budget = True
                 self._reject(
                     slot,
                     "over_budget",
-                    f"search budget used up ({cfg.max_tool_calls} of {cfg.max_tool_calls} searches); no more "
-                    "searches will run",
+                    self._budget_message(),
                     self._in_citation_style(f"Answer now with {ANSWER_OPEN}ANSWER [doc_id]{ANSWER_CLOSE}."),
                 )
-            else:
+            elif call.name == "search":
                 assert call.validated is not None
                 slot.query, slot.k = str(call.validated["query"]), int(call.validated["k"])
                 record.arguments = dict(call.validated)
                 self.searches_sent += 1
+                self.calls_sent += 1
+            else:
+                slot.tool, slot.parsed = self.registry.get(call.name), call.parsed
+                record.arguments = recorded_arguments(call.parsed, call.arguments)
+                self.calls_sent += 1
             plan.slots.append(slot)
         for message in plan.turn.malformed:
             slot = _Slot(record=ToolCallRecord(name="", arguments={}, turn_index=turn_index))
@@ -434,6 +456,12 @@ class SearchEnvironment:
                 "max_tool_calls", records=records, error=f"tool-call budget ({cfg.max_tool_calls}) exhausted"
             )
         self._over_budget_warned = self._over_budget_warned or over_budget
+
+    def _budget_message(self) -> str:
+        n = self.config.max_tool_calls
+        if self.allowed_tools == ["search"]:
+            return f"search budget used up ({n} of {n} searches); no more searches will run"
+        return f"tool-call budget used up ({n} of {n} calls); no more tool calls will run"
 
     def _reject(self, slot: _Slot, status: str, detail: str, hint: str) -> None:
         """Record a refused call; its observation says why, then how to go on (`ObservationWriter.error`)."""
@@ -454,6 +482,15 @@ class SearchEnvironment:
             str(slot.query), hits, self.source_numbers
         )
 
+    def _deliver_tool(self, slot: _Slot, outcome: BatchOutcome) -> None:
+        """Turn one executed tool call's outcome into its record and observation."""
+        assert slot.tool is not None
+        slot.record.latency_ms = outcome.latency_ms
+        status, slot.content, error, slot.injections = tool_observation(
+            slot.tool, outcome, self.writer, self.config
+        )
+        slot.record.status, slot.record.error = status, error
+
     def _finish_turn(self, plan: _Plan) -> StepResult:
         if plan.result is not None:
             return plan.result
@@ -465,7 +502,10 @@ class SearchEnvironment:
         error = " | ".join(errors) if errors else None
         result = StepResult(done=False, records=records, error=error)
         if cfg.protocol == "chat":
-            result.tool_messages = [{"role": "tool", "name": "search", "content": c} for c in contents]
+            result.tool_messages = [
+                {"role": "tool", "name": s.tool.name if s.tool else "search", "content": c}
+                for s, c in zip(plan.slots, contents, strict=True)
+            ]
         else:
             result.inline_observation = "".join(f"\n\n<information>{c}</information>\n\n" for c in contents)
         cost = self.meter.observation_tokens(result)
@@ -509,24 +549,32 @@ def step_batch(envs: list[SearchEnvironment], texts: list[str]) -> list[StepResu
 
 
 def _execute(plans: list[_Plan]) -> None:
-    """Run the accepted searches of all plans: one flight per (guard, k, limits), all concurrently."""
+    """Run the accepted calls of all plans at once: one search flight per (guard, k, limits), each query for
+    its episode's principal, and one flight per user-tool call; then collect them all."""
     groups: dict[tuple[int, int, float, int, float], list[tuple[SearchEnvironment, _Slot]]] = {}
     guards: dict[int, BackendGuard] = {}
+    tool_flights: list[tuple[Flight, SearchEnvironment, _Slot]] = []
     for plan in plans:
-        cfg = plan.env.config
+        env, cfg = plan.env, plan.env.config
         for slot in plan.slots:
+            if slot.tool is not None:
+                context = ToolContext.of(env.row, env.principal)
+                tool_flights.append((start_tool_call(slot.tool, slot.parsed, context, cfg), env, slot))
             if slot.query is None or slot.k is None:
                 continue
-            key = (id(plan.env.guard), slot.k, cfg.search_timeout_s, cfg.max_retries, cfg.retry_backoff_s)
-            guards[id(plan.env.guard)] = plan.env.guard
-            groups.setdefault(key, []).append((plan.env, slot))
-    flights: list[tuple[Flight, list[str], list[tuple[SearchEnvironment, _Slot]]]] = []
+            key = (id(env.guard), slot.k, cfg.search_timeout_s, cfg.max_retries, cfg.retry_backoff_s)
+            guards[id(env.guard)] = env.guard
+            groups.setdefault(key, []).append((env, slot))
+    flights: list[tuple[Flight, list[tuple[str, str | None]], list[tuple[SearchEnvironment, _Slot]]]] = []
     for (guard_id, k, timeout_s, retries, backoff_s), slots in groups.items():
-        unique = list(dict.fromkeys(str(s.query) for _, s in slots))
-        flight = guards[guard_id].start(unique, k, timeout_s, retries, backoff_s)
+        unique = list(dict.fromkeys((str(s.query), env.principal) for env, s in slots))
+        queries, principals = [q for q, _ in unique], [p for _, p in unique]
+        flight = guards[guard_id].start(queries, k, timeout_s, retries, backoff_s, principals)
         flights.append((flight, unique, slots))
     for flight, unique, slots in flights:
         outcome = flight.wait()
         by_query = dict(zip(unique, outcome.hits, strict=True)) if outcome.hits is not None else {}
         for env, slot in slots:
-            env._deliver(slot, outcome, by_query.get(str(slot.query)))
+            env._deliver(slot, outcome, by_query.get((str(slot.query), env.principal)))
+    for flight, env, slot in tool_flights:
+        env._deliver_tool(slot, flight.wait())

@@ -60,6 +60,7 @@ class ToolCall:
     validated: dict[str, Any] | None = None
     status: str | None = None
     error: str | None = None
+    parsed: Any = None  # the validated arguments as the tool's pydantic model (what an executor receives)
 
     @property
     def ok(self) -> bool:
@@ -222,12 +223,12 @@ def check_call(call: ToolCall, registry: ToolRegistry, limits: ArgLimits) -> Too
             f"there is no tool named {call.name!r}; available tools: {', '.join(registry.names) or 'none'}"
         )
         return call
-    validated, problem = spec.validate(call.arguments, limits)
-    if problem is not None:
+    parsed, problem = spec.parse(call.arguments, limits)
+    if parsed is None:
         call.status = "invalid_arguments"
         call.error = problem
     else:
-        call.validated = validated
+        call.parsed, call.validated = parsed, parsed.model_dump()
     return call
 
 

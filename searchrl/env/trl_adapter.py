@@ -15,7 +15,12 @@ functions (a test holds it to that):
   (invalid, over budget, failed, timed out, ...), ``0.0`` for a clean episode. Correctness comes from
   the trainer's `reward_funcs`; TRL sums the sources.
 
-`make_environment_factory(backend_or_index_dir, config)` gives the zero-argument factory TRL calls.
+`make_environment_factory(backend_or_index_dir, config, tools=[...])` gives the zero-argument factory TRL
+calls. User-defined tools (`searchrl.env.tools.tool`) become one more public function each
+(`tool_env_class`): its signature and Google-style docstring are made from the tool's pydantic model, so TRL
+renders the same schema as `SearchEnvironment.tools`, and a call runs through `SearchEnvironment.call_tool`
+(validation, budgets, the tool's guard, permission denials as observations). The row's ``principal`` (a
+dataset column TRL passes to `reset`) is the principal of every call of the episode.
 
 Token budget: TRL's loop inserts each tool result with the chat template's glue, so pass `meter=
 rollout.chat.ChatTokenMeter(tokenizer)` (what the GRPO trainer does) to count each observation exactly as
@@ -24,12 +29,14 @@ TRL inserts it; without a meter the environment counts the result's text only.
 
 from __future__ import annotations
 
+import inspect
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from searchrl.env.config import EnvConfig
 from searchrl.env.environment import SearchEnvironment, TokenMeter
+from searchrl.env.tools import ToolSpec
 from searchrl.search.base import Backend
 
 
@@ -43,10 +50,11 @@ class SearchToolEnv:
         tokenizer: Any | None = None,
         failure_penalty: float = 0.1,
         meter: TokenMeter | None = None,
+        tools: Sequence[ToolSpec] = (),
     ) -> None:
         if failure_penalty < 0:
             raise ValueError(f"failure_penalty must be >= 0 (it is subtracted), got {failure_penalty}")
-        self._env = SearchEnvironment(backend, config, tokenizer, meter=meter)
+        self._env = SearchEnvironment(backend, config, tokenizer, meter=meter, tools=tools)
         self._failure_penalty = failure_penalty
 
     def reset(self, **kwargs: Any) -> str | None:
@@ -68,12 +76,16 @@ class SearchToolEnv:
         Returns:
             Numbered documents with their ids and titles, or an error message that says how to retry.
         """
+        return self._call("search", {"query": query})
+
+    def _call(self, name: str, arguments: dict[str, Any]) -> str:
+        """One call of tool `name` through the environment (every failure is an observation)."""
         if self._env.row is None:
             self._env.reset({"question": "(no question given)"})
         if self._env.done:
-            return f"Error: the episode has ended ({self._env.termination}); no more searches. Answer now."
-        _, observation = self._env.call_tool("search", {"query": query})
-        return observation
+            more = "searches" if name == "search" else "tool calls"
+            return f"Error: the episode has ended ({self._env.termination}); no more {more}. Answer now."
+        return self._env.call_tool(name, arguments)[1]
 
     def get_reward(self) -> float:
         """Minus `failure_penalty` for every call that did not succeed in this episode."""
@@ -98,20 +110,64 @@ def _last_user_text(prompt: Any) -> str | None:
     return None
 
 
+def tool_method(spec: ToolSpec) -> Callable[..., str]:
+    """The public function TRL makes a tool of: named like `spec`, with one typed parameter per field of its
+    argument model and a Google-style docstring of their descriptions (what `get_json_schema` reads)."""
+    fields = spec.args_model.model_fields
+    params = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    for name, info in fields.items():
+        default = (
+            inspect.Parameter.empty if info.is_required() else info.get_default(call_default_factory=True)
+        )
+        params.append(
+            inspect.Parameter(
+                name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=info.annotation
+            )
+        )
+
+    def method(self: SearchToolEnv, **arguments: Any) -> str:
+        return self._call(spec.name, arguments)
+
+    method.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    method.__annotations__ = {name: info.annotation for name, info in fields.items()}
+    method.__name__ = method.__qualname__ = spec.name
+    described = "".join(f"    {name}: {info.description or name}\n" for name, info in fields.items())
+    method.__doc__ = f"{spec.description}\n\nArgs:\n{described}" if described else spec.description
+    return method
+
+
+def tool_env_class(
+    tools: Sequence[ToolSpec], base: type[SearchToolEnv] = SearchToolEnv
+) -> type[SearchToolEnv]:
+    """`base` with one public function per tool of `tools` (TRL probes the class for its tools)."""
+    if not tools:
+        return base
+    taken = {name for name, _ in inspect.getmembers(base, inspect.isfunction)}
+    clash = sorted(t.name for t in tools if t.name in taken)
+    if clash:
+        raise ValueError(f"tools {clash} clash with {base.__name__}'s own functions; rename them")
+    methods = {spec.name: tool_method(spec) for spec in tools}
+    return type(f"{base.__name__}WithTools", (base,), {**methods, "__doc__": base.__doc__})
+
+
 def make_environment_factory(
     backend_or_index_dir: Backend | str | os.PathLike,
     config: EnvConfig | None = None,
     tokenizer: Any | None = None,
     failure_penalty: float = 0.1,
     meter: TokenMeter | None = None,
+    tools: Sequence[ToolSpec] = (),
 ) -> Callable[[], SearchToolEnv]:
-    """A zero-argument factory of `SearchToolEnv` over one shared backend (opened once from an index dir)
-    and one shared token `meter` (see the module docstring)."""
+    """A zero-argument factory of `SearchToolEnv` (with a function per tool of `tools`) over one shared
+    backend (opened once from an index dir) and one shared token `meter` (see the module docstring)."""
     backend = _open_backend(backend_or_index_dir)
     config = config if config is not None else EnvConfig()
+    tools = list(tools)
+    env_class = tool_env_class(tools)
+    SearchEnvironment(backend, config, tools=tools)  # refuses a bad tool set now, not in TRL's first rollout
 
     def factory() -> SearchToolEnv:
-        return SearchToolEnv(backend, config, tokenizer, failure_penalty, meter)
+        return env_class(backend, config, tokenizer, failure_penalty, meter, tools)
 
     return factory
 

@@ -39,6 +39,7 @@ from searchrl.evaluation.checks import (
     check_exploitable_reward,
     check_format_gaming,
     check_judge_disagreement,
+    check_permission_denied,
     check_reward_vs_heldout,
     check_tool_call_spam,
 )
@@ -114,6 +115,7 @@ def audit_trajectories(
         check_answer_without_search(trajs, th),
         check_tool_call_spam(trajs, th),
         check_format_gaming(trajs, th),
+        check_permission_denied(trajs, th),
         check_judge_disagreement(trajs, th),
         check_exploitable_reward(reward_config),
     ]

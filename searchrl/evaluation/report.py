@@ -298,13 +298,15 @@ def render_trajectory(traj: Trajectory, tokenizer: Any = None) -> str:
             piece = f"<details class='prompt'><summary>prompt · {n} tokens</summary>{piece}</details>"
         pieces.append(piece)
     reward = "" if traj.reward is None else f"{traj.reward:.3f}"
+    n_denied = sum(1 for c in traj.tool_calls if c.status == "permission_denied")
+    denied = f" · <b class='denied'>permission-denied calls: {n_denied}</b>" if n_denied else ""
     breakdown = ", ".join(
         f"{k} {v:.3f}" for k, v in traj.reward_breakdown.items() if not k.startswith("metric/")
     )
     meta = (
         f"<div class='meta'><b>{html.escape(traj.id)}</b> · question: {html.escape(traj.question)} · golds: "
         f"{html.escape(' | '.join(traj.golds))} · answer: <b>{html.escape(str(traj.answer))}</b> · "
-        f"termination: {html.escape(traj.termination)} · searches: {len(traj.tool_calls)} · reward: {reward}"
+        f"termination: {html.escape(traj.termination)} · searches: {len(traj.tool_calls)}{denied} · reward: {reward}"
         f"{' (' + html.escape(breakdown) + ')' if breakdown else ''} · action tokens: {traj.num_action_tokens}"
         f" of {len(traj.input_ids)}</div>"
     )
@@ -312,12 +314,14 @@ def render_trajectory(traj: Trajectory, tokenizer: Any = None) -> str:
 
 
 def pick_trajectories(trajs: Sequence[Trajectory], n: int) -> list[Trajectory]:
-    """A few telling trajectories: the best- and worst-rewarded, then ones that searched, in order."""
+    """A few telling trajectories: the best- and worst-rewarded, then ones with a permission-denied call, then
+    ones that searched, in order."""
     if n <= 0 or not trajs:
         return []
     scored = sorted(trajs, key=lambda t: t.reward if t.reward is not None else 0.0, reverse=True)
     chosen: list[Trajectory] = []
-    for t in [scored[0], scored[-1], *[t for t in trajs if t.tool_calls], *trajs]:
+    denied = [t for t in trajs if any(c.status == "permission_denied" for c in t.tool_calls)]
+    for t in [scored[0], scored[-1], *denied, *[t for t in trajs if t.tool_calls], *trajs]:
         if t not in chosen:
             chosen.append(t)
         if len(chosen) >= n:

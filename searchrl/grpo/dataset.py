@@ -3,8 +3,8 @@
 TRL's `GRPOTrainer` takes a `datasets.Dataset` whose `prompt` column it renders. Here the prompt is exactly
 what `SearchEnvironment.reset` shows, so TRL's tool loop (`trl_loop`), our engine (`our_rollout`) and the SFT
 warm start all start an episode from the same messages. `ROW_COLUMNS` are the fields of a row that travel
-with it (TRL hands them back with each batch, and our environments need `golds` and `id`); nested row fields
-stay out of Arrow.
+with it (TRL hands them back with each batch, and our environments need `golds`, `id` and, when rows carry
+one, `principal`: the user each episode acts for); nested row fields stay out of Arrow.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from searchrl.env.environment import SearchEnvironment
 from searchrl.search.base import Backend
 
 # Dataset columns handed to TRL (and back to our environments); nested row fields stay out of Arrow.
-ROW_COLUMNS = ("id", "question", "golds")
+ROW_COLUMNS = ("id", "question", "golds", "principal")
 
 
 def prompt_dataset(rows: Sequence[dict[str, Any]], backend: Backend, env_config: EnvConfig) -> Any:
@@ -29,6 +29,8 @@ def prompt_dataset(rows: Sequence[dict[str, Any]], backend: Backend, env_config:
     from datasets import Dataset
 
     env = SearchEnvironment(backend, env_config)
+    # A principal column only when some row acts for someone (then every row has it, None: public only).
+    with_principal = any(row.get("principal") is not None for row in rows)
     out = []
     for i, row in enumerate(rows):
         if "question" not in row or "golds" not in row:
@@ -38,5 +40,7 @@ def prompt_dataset(rows: Sequence[dict[str, Any]], backend: Backend, env_config:
             "question": str(row["question"]),
             "golds": [str(g) for g in row["golds"]],
         }
+        if with_principal:
+            clean["principal"] = row.get("principal")
         out.append({"prompt": env.reset(clean), **clean})
     return Dataset.from_list(out)

@@ -54,6 +54,7 @@ from transformers.trainer_utils import TrainOutput
 from searchrl.common.config import ConfigError, save_config
 from searchrl.data.datasets import load_qa
 from searchrl.env.environment import SearchEnvironment
+from searchrl.env.tools import ToolSpec
 from searchrl.evaluation.loop import evaluate_during_training
 from searchrl.grpo.config import GRPORunConfig
 from searchrl.grpo.dataset import ROW_COLUMNS, prompt_dataset
@@ -285,6 +286,7 @@ def build_grpo_trainer(
     callbacks: list[Any] | None = None,
     resume: bool = False,
     generator_factory: Callable[..., Any] | None = None,
+    tools: Sequence[ToolSpec] = (),
 ) -> SearchGRPOTrainer:
     """A ready-to-train `SearchGRPOTrainer` for `cfg.mode`, with config.yaml and manifest.json written.
 
@@ -292,7 +294,8 @@ def build_grpo_trainer(
     `resume=True` and a complete checkpoint in `cfg.output_dir`, `trainer.train()` continues from the newest one
     (`resume_state`); without a checkpoint the run starts fresh, as `searchrl train --resume` does.
     `generator_factory(model, tokenizer, generation_config)` starts `our_rollout`'s engine (PPOTrainer's
-    argument); None: `make_generator` with the config's `rollout_backend`, checked here first.
+    argument); None: `make_generator` with the config's `rollout_backend`, checked here first. `tools` are
+    user-defined tools every episode offers besides search (`SearchEnvironment(tools=...)`), in both modes.
     """
     if tokenizer.pad_token_id is None or tokenizer.pad_token_id == tokenizer.eos_token_id:
         raise ValueError("the tokenizer needs a pad token distinct from EOS (Qwen2.5: <|endoftext|>)")
@@ -305,7 +308,7 @@ def build_grpo_trainer(
     env_config = cfg.env_config()
 
     def search_env() -> SearchEnvironment:
-        return SearchEnvironment(backend, env_config, tokenizer=tokenizer)
+        return SearchEnvironment(backend, env_config, tokenizer=tokenizer, tools=tools)
 
     # What the trainer, its reward, rollout and run directory share; a resumed run's counts go on.
     saved = resume_from[1] if resume_from is not None else {}
@@ -346,7 +349,7 @@ def build_grpo_trainer(
     mode_kwargs: dict[str, Any]
     own_callbacks: list[Any] = []
     if rollout is None:
-        mode_kwargs = {"environment_factory": tool_env_factory(backend, env_config, tokenizer)}
+        mode_kwargs = {"environment_factory": tool_env_factory(backend, env_config, tokenizer, tools)}
     else:
         mode_kwargs = {"rollout_func": rollout}
         own_callbacks.append(EngineWeightSync(rollout))  # vLLM: the new weights after every optimizer step

@@ -4,7 +4,7 @@ Why: TRL's loop is what a TRL user runs (`environment_factory`), and the honest 
 engine needs it on the same environment and rubric. Two pieces make that so:
 
 - `tool_env_factory`: TRL's `environment_factory`, a `SearchToolEnv` (`searchrl.env.trl_adapter`) whose
-  `search(query, k)` renders exactly the tool schema our environment shows, so both modes and the SFT warm
+  `search(query, k)` and user-defined tools render exactly the tool schemas our environment shows, so both modes and the SFT warm
   start share one prompt; its token budget counts each tool result as TRL inserts it (`ChatTokenMeter`).
 - `trajectory_from_trl`: TRL hands reward functions completion messages and ids but not a trajectory; the
   `Trajectory` is rebuilt from TRL's token ids, tool mask and sampling logprobs (kept by
@@ -16,6 +16,7 @@ engine needs it on the same environment and rubric. Two pieces make that so:
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
@@ -26,25 +27,32 @@ from searchrl.common.trajectory import Span, ToolCallRecord, Trajectory
 from searchrl.env.config import EnvConfig
 from searchrl.env.environment import SearchEnvironment
 from searchrl.env.protocol import parse_turn
-from searchrl.env.trl_adapter import SearchToolEnv
+from searchrl.env.tools import ToolSpec
+from searchrl.env.trl_adapter import SearchToolEnv, tool_env_class
 from searchrl.rollout.chat import ChatTokenMeter
 from searchrl.search.base import Backend
 
 
-def tool_env_factory(backend: Backend, env_config: EnvConfig, tokenizer: Any) -> Callable[[], SearchToolEnv]:
-    """TRL's `environment_factory` for `trl_loop`: `SearchToolEnv` whose `search` schema is our env's.
+def tool_env_factory(
+    backend: Backend, env_config: EnvConfig, tokenizer: Any, tools: Sequence[ToolSpec] = ()
+) -> Callable[[], SearchToolEnv]:
+    """TRL's `environment_factory` for `trl_loop`: `SearchToolEnv` whose tool schemas are our env's.
 
-    TRL renders the tool schema from the method's signature and docstring (`get_json_schema`). The
+    TRL renders each tool's schema from its method's signature and docstring (`get_json_schema`). The
     adapter's own `search(query)` renders differently from `SearchEnvironment.tools` (no `k`, other
     descriptions), so a policy warm-started on our engine's prompts would see other prompt tokens in
     TRL's loop. This subclass builds `search(query, k)` whose docstring reproduces the environment's
-    schema exactly (checked here), so both modes and the SFT warm start share one prompt.
+    schema exactly, and one method per user-defined tool of `tools` (`trl_adapter.tool_env_class`); every
+    rendered schema is checked here against the environment's, key order included, so both modes and the
+    SFT warm start share one prompt.
     """
+    tools = list(tools)
     # The schema is rendered from the full registry even for compact prompts: TRL still needs a typed tool.
-    schema = SearchEnvironment(backend, replace(env_config, tool_schema_in_prompt=True)).tools
-    if len(schema) != 1 or schema[0]["function"]["name"] != "search":
-        raise ValueError(f"trl_loop supports exactly one tool, 'search'; the environment offers {schema}")
-    function = schema[0]["function"]
+    schemas = SearchEnvironment(backend, replace(env_config, tool_schema_in_prompt=True), tools=tools).tools
+    by_name = {schema["function"]["name"]: schema for schema in schemas}
+    if "search" not in by_name:
+        raise ValueError(f"trl_loop needs the search tool; the environment offers {sorted(by_name)}")
+    function = by_name["search"]["function"]
     args = "".join(
         f"    {name}: {prop.get('description', name)}\n"
         for name, prop in function["parameters"]["properties"].items()
@@ -52,27 +60,25 @@ def tool_env_factory(backend: Backend, env_config: EnvConfig, tokenizer: Any) ->
 
     # No return annotation: transformers would add a "return" entry the environment's schema lacks.
     def search(self, query: str, k: int = env_config.topk):  # noqa: ANN001, ANN202
-        env = self.environment
-        if env.row is None:
-            env.reset({"question": "(no question given)"})
-        if env.done:
-            return f"Error: the episode has ended ({env.termination}); no more searches. Answer now."
-        return env.call_tool("search", {"query": query, "k": k})[1]
+        return self._call("search", {"query": query, "k": k})
 
     search.__doc__ = f"{function['description']}\n\nArgs:\n{args}"
-    env_class = type(
-        "SearchToolEnvGRPO", (SearchToolEnv,), {"search": search, "__doc__": SearchToolEnv.__doc__}
-    )
-    rendered = get_json_schema(env_class.search)
-    if rendered != schema[0]:
-        raise RuntimeError(f"TRL would render the search tool as {rendered}, the environment as {schema[0]}")
+    base = type("SearchToolEnvGRPO", (SearchToolEnv,), {"search": search, "__doc__": SearchToolEnv.__doc__})
+    env_class = tool_env_class(tools, base)
+    for name, schema in by_name.items():
+        rendered = get_json_schema(getattr(env_class, name))
+        if json.dumps(rendered) != json.dumps(schema):
+            raise RuntimeError(
+                f"TRL would render the tool {name!r} as {rendered}, the environment as {schema}; give its "
+                "arguments plain types (str, int, float, bool, Literal, lists, optional ones) and descriptions"
+            )
 
     # The token budget counts each tool result as TRL inserts it: the template's glue included.
     meter = ChatTokenMeter(tokenizer) if tokenizer is not None else None
 
     def factory() -> SearchToolEnv:
         # failure_penalty 0: the rubric alone is the reward, exactly as for PPO and our_rollout.
-        return env_class(backend, env_config, tokenizer, failure_penalty=0.0, meter=meter)
+        return env_class(backend, env_config, tokenizer, failure_penalty=0.0, meter=meter, tools=tools)
 
     return factory
 

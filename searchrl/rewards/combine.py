@@ -31,6 +31,7 @@ from searchrl.rewards.qa import ContainsReward, ExactMatchReward, F1Reward
 from searchrl.rewards.shaping import (
     AnswerLengthPenalty,
     FormatReward,
+    PermissionDeniedPenalty,
     SafetyPenalty,
     SearchCost,
     SearchCount,
@@ -60,6 +61,7 @@ REWARD_FUNCTIONS: dict[str, Callable[..., RewardFunc]] = {
     "search_cost": SearchCost,
     "token_cost": TokenCost,
     "safety": SafetyPenalty,
+    "permission_denied": PermissionDeniedPenalty,
     "answer_length": AnswerLengthPenalty,
     "num_searches": SearchCount,
     "model_judge": model_judge,

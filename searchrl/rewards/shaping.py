@@ -151,6 +151,20 @@ class SafetyPenalty:
 
 
 @dataclass(frozen=True)
+class PermissionDeniedPenalty:
+    """Minus `per_denial` per permission-denied call: acting beyond the episode's authority, as its own term.
+
+    A denial is a call the environment refused for the episode's principal: a tool outside the allow-list, or
+    an executor's `ToolPermissionError` (another customer's order). `SafetyPenalty` counts denials too (its
+    `per_denial`); a rubric that weighs them here sets that to 0 so that a denial is not paid twice."""
+
+    per_denial: float = field(default=1.0, metadata={"help": "Penalty per permission-denied tool call."})
+
+    def __call__(self, traj: Trajectory) -> float:
+        return -self.per_denial * sum(1 for c in traj.tool_calls if c.status in DENIED_CALL_STATUSES)
+
+
+@dataclass(frozen=True)
 class AnswerLengthPenalty:
     """`penalty` (negative) when the answer is longer than `max_answer_words`, else 0: against stuffing."""
 

@@ -2,7 +2,8 @@
 
 Why: a search agent fails quietly (timeouts become observations, budgets end episodes); these numbers
 are what makes that visible in the training log. Names are flat `group/name` keys, logged as they are:
-`tools/calls_per_episode`, `tools/failure_rate`, `tools/failures/<status>`, `search/latency_p50_ms`,
+`tools/calls_per_episode`, `tools/failure_rate`, `tools/failures/<status>`, `tools/permission_denied_rate`
+(permission-denied calls per episode: acting beyond the episode's authority), `search/latency_p50_ms`,
 `search/latency_p99_ms`, `termination/<reason>` (share of episodes), `rollout/tokens_per_s`, ...
 `scored_episode_stats` adds what PPO logs once the episodes are scored: `reward/<term>` and the answers' length.
 """
@@ -31,8 +32,8 @@ def percentile(values: Sequence[float], q: float) -> float:
 
 
 def tool_stats(trajectories: Sequence[Trajectory]) -> dict[str, float]:
-    """Calls per episode, failure rate and counts by status, and search latency p50/p99 of the calls that
-    reached the backend (ok, timeout, unavailable, error)."""
+    """Calls per episode, failure rate and counts by status, permission-denied calls per episode, and search
+    latency p50/p99 of the calls that reached the backend (ok, timeout, unavailable, error)."""
     records = [rec for t in trajectories for rec in t.tool_calls]
     statuses = Counter(rec.status for rec in records)
     failures = sum(n for status, n in statuses.items() if status != "ok")
@@ -44,6 +45,7 @@ def tool_stats(trajectories: Sequence[Trajectory]) -> dict[str, float]:
         "tools/calls_per_episode": len(records) / max(1, len(trajectories)),
         "tools/failures": float(failures),
         "tools/failure_rate": failures / max(1, len(records)),
+        "tools/permission_denied_rate": statuses.get("permission_denied", 0) / max(1, len(trajectories)),
         "search/latency_p50_ms": percentile(reached, 50),
         "search/latency_p99_ms": percentile(reached, 99),
         "search/latency_mean_ms": sum(reached) / max(1, len(reached)),

@@ -3,10 +3,18 @@
 Backends (BM25, dense, HTTP client, cache, fault injection) all satisfy `Backend`, so the environment
 and the rollout engine never know which one they talk to. Errors are typed so the environment can turn
 each kind into an observation the policy can learn from (never a crash).
+
+Who may read what (`searchrl.search.acl`): `search` takes an optional `principals`, one principal id (or
+None) per query, so one backend serves many users in one batch; each query gets the best k documents its
+principal may read, filtered before the top-k cut, and None reads public documents only. `search_as` is how
+callers pass principals: it calls `search(queries, k)` exactly as before when no query has one, so a backend
+that knows nothing of principals still serves public search, and refuses (a `TypeError`, which the
+environment reports as a failed search) a principal it cannot enforce.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Protocol, runtime_checkable
 
@@ -50,13 +58,28 @@ class Backend(Protocol):
     """A search engine. `search` takes the whole batch so a backend can vectorise or send one request."""
 
     def search(self, queries: list[str], k: int) -> list[list[Hit]]:
-        """Return, for each query in order, at most `k` hits ranked best first."""
+        """Return, for each query in order, at most `k` hits ranked best first.
+
+        A backend that enforces document ACLs also takes `principals: Sequence[str | None] | None = None`
+        (one per query; see the module docstring and `search_as`)."""
         ...
 
     @property
     def fingerprint(self) -> str:
         """A stable id of what answers: corpus hash + backend + parameters (keys the cache)."""
         ...
+
+
+def search_as(
+    backend: Backend, queries: list[str], k: int, principals: Sequence[str | None] | None = None
+) -> list[list[Hit]]:
+    """`backend.search` for queries made on behalf of `principals` (one per query; None: public only).
+
+    Without any principal this is the plain `search(queries, k)` call; with one it passes `principals=`, which
+    a backend that cannot enforce ACLs refuses (`TypeError`) rather than answering with every document."""
+    if principals is None or all(p is None for p in principals):
+        return backend.search(queries, k)
+    return backend.search(queries, k, principals=list(principals))  # type: ignore[call-arg]
 
 
 class SearchError(Exception):

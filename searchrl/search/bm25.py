@@ -6,19 +6,30 @@ bm25s throughput). Defaults are k1=0.9, b=0.4 with the Lucene BM25 variant: the 
 therefore Search-R1's BM25 retriever use, so scores are comparable with what users already run.
 
 An index is a directory: bm25s' sparse matrix (`bm25/`, loaded with mmap so a large index opens in
-well under a second), the tokenizer's vocabulary, and the `DocStore` with titles and texts.
+well under a second), the tokenizer's vocabulary, the `DocStore` with titles and texts, and `acl.json` when
+some documents are restricted (`searchrl.search.acl`).
+
+ACLs: a query made for a principal is scored with bm25s' `weight_mask` (1 for each document the principal
+may read, 0 for the others), so a document it may not read scores 0 and never enters the top-k cut: the k
+hits are the best k readable documents. One `retrieve` call per distinct principal in the batch; an index
+without restricted documents scores exactly as before (no mask). Scores use corpus-wide statistics (idf,
+average length), as Elasticsearch's document-level security does: a hidden document's words shift the
+scores slightly, its id, title and text never leave the backend.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import bm25s
+import numpy as np
 import Stemmer
 from bm25s.tokenization import Tokenizer
 
+from searchrl.search.acl import AccessControl, check_principals, group_by_principal
 from searchrl.search.base import Hit, make_hit
 from searchrl.search.corpus import DocStore, Document
 
@@ -112,6 +123,7 @@ class BM25Backend:
         params: BM25Params,
         fingerprint: str,
         n_threads: int = 1,
+        acl: AccessControl | None = None,
     ):
         self._retriever = retriever
         self._tokenizer = tokenizer
@@ -122,6 +134,7 @@ class BM25Backend:
         self._n_docs = len(docs)
         # The id bm25s gives to "no token at all"; a query made only of it matches nothing.
         self._empty_id = tokenizer.word_to_id.get("")
+        self.acl = acl if acl is not None and acl.any_restricted else None
 
     @property
     def fingerprint(self) -> str:
@@ -152,7 +165,9 @@ class BM25Backend:
         retriever.backend = "numba"
         tokenizer = make_tokenizer(params)
         tokenizer.load_vocab(str(index_dir / "bm25"))
-        return cls(retriever, tokenizer, DocStore(index_dir / "docs"), params, fingerprint)
+        docs = DocStore(index_dir / "docs")
+        acl = AccessControl.load(index_dir, len(docs))
+        return cls(retriever, tokenizer, docs, params, fingerprint, acl=acl)
 
     def warm_up(self) -> None:
         """Run one real search so numba compiles the scorer now (seconds) rather than on a live query."""
@@ -164,9 +179,13 @@ class BM25Backend:
         """Token ids of each query in the index's vocabulary (unknown words dropped)."""
         return self._tokenizer.tokenize(queries, update_vocab=False, return_as="ids", show_progress=False)
 
-    def search(self, queries: list[str], k: int) -> list[list[Hit]]:
+    def search(
+        self, queries: list[str], k: int, principals: Sequence[str | None] | None = None
+    ) -> list[list[Hit]]:
+        """The best `k` documents for each query that its principal may read (None: public only)."""
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
+        owners = check_principals(principals, len(queries))
         token_ids = self.tokenize(queries)
         # Queries with no known token would only match empty documents; answer them with no hits
         # and keep them out of the scorer.
@@ -174,13 +193,32 @@ class BM25Backend:
         results: list[list[Hit]] = [[] for _ in queries]
         if not live:
             return results
+        if self.acl is None:
+            self._score(token_ids, live, k, None, results)
+            return results
+        for principal, positions in group_by_principal([owners[i] for i in live]).items():
+            mask = self.acl.readable(principal)
+            weights = None if mask is None else mask.astype(np.float32)
+            self._score(token_ids, [live[p] for p in positions], k, weights, results)
+        return results
+
+    def _score(
+        self,
+        token_ids: list[list[int]],
+        live: list[int],
+        k: int,
+        weight_mask: np.ndarray | None,
+        results: list[list[Hit]],
+    ) -> None:
+        """Score the `live` queries in one `retrieve` call (masked by `weight_mask`) into `results`."""
         k_eff = min(k, self._n_docs)
-        live_ids = token_ids if len(live) == len(queries) else [token_ids[i] for i in live]
+        live_ids = token_ids if len(live) == len(token_ids) else [token_ids[i] for i in live]
+        extra = {} if weight_mask is None else {"weight_mask": weight_mask}
         doc_idx, scores = self._retriever.retrieve(
-            live_ids, k=k_eff, return_as="tuple", show_progress=False, n_threads=self.n_threads
+            live_ids, k=k_eff, return_as="tuple", show_progress=False, n_threads=self.n_threads, **extra
         )
-        # Rows are sorted best first; a zero score means no query term occurs in the document, so
-        # each row keeps only its positive prefix.
+        # Rows are sorted best first; a zero score means no query term occurs in the document (or the
+        # principal may not read it: masked to 0), so each row keeps only its positive prefix.
         n_positive = (scores > 0).sum(axis=1).tolist()
         ids, titles, texts = self._docs.columns(doc_idx)
         score_rows = scores.tolist()
@@ -189,4 +227,3 @@ class BM25Backend:
             results[qi] = list(
                 map(make_hit, ids[row][:n], score_rows[row][:n], titles[row][:n], texts[row][:n])
             )
-        return results

@@ -1,7 +1,9 @@
 """A SQLite result cache that can freeze any backend into a reproducible snapshot.
 
-Keys are sha256(backend fingerprint, normalised query, k), so a cache file can hold several indexes
-and never answers a query with another index's results. Modes:
+Keys are sha256(backend fingerprint, normalised query, k, principal), so a cache file can hold several
+indexes and never answers a query with another index's results, nor one principal's query with what another
+principal may read (a query without a principal keeps the key it had before principals existed: public
+documents only). Modes:
 
 * ``off``: pass through (still de-duplicates identical queries within a batch);
 * ``read_write``: answer hits from the cache, search misses and store them;
@@ -22,9 +24,11 @@ import os
 import sqlite3
 import threading
 import unicodedata
+from collections.abc import Sequence
 from pathlib import Path
 
-from searchrl.search.base import Backend, Hit, SearchError
+from searchrl.search.acl import check_principals
+from searchrl.search.base import Backend, Hit, SearchError, search_as
 
 CACHE_MODES = ("off", "read_write", "replay")
 
@@ -40,8 +44,12 @@ def normalize_query(query: str) -> str:
     return " ".join(unicodedata.normalize("NFKC", query).split())
 
 
-def cache_key(fingerprint: str, query: str, k: int) -> str:
-    payload = json.dumps([fingerprint, normalize_query(query), int(k)], ensure_ascii=False)
+def cache_key(fingerprint: str, query: str, k: int, principal: str | None = None) -> str:
+    """The row key of one query; a principal's queries never share a key with another's or public ones."""
+    parts: list[object] = [fingerprint, normalize_query(query), int(k)]
+    if principal is not None:
+        parts.append({"principal": principal})
+    payload = json.dumps(parts, ensure_ascii=False)
     return hashlib.sha256(payload.encode("utf-8")).hexdigest()
 
 
@@ -117,21 +125,27 @@ class CachedBackend:
             self._conn.close()
             self._conn = None
 
-    def search(self, queries: list[str], k: int) -> list[list[Hit]]:
-        normalized = [normalize_query(q) for q in queries]
-        unique = list(dict.fromkeys(normalized))
-        self.stats["deduplicated"] += len(normalized) - len(unique)
+    def search(
+        self, queries: list[str], k: int, principals: Sequence[str | None] | None = None
+    ) -> list[list[Hit]]:
+        """Each query's hits for its principal (None: public only), from the snapshot or the backend."""
+        owners = check_principals(principals, len(queries))
+        requests = [(normalize_query(q), p) for q, p in zip(queries, owners, strict=True)]
+        unique = list(dict.fromkeys(requests))
+        self.stats["deduplicated"] += len(requests) - len(unique)
         found = self._lookup(unique, k)
-        missing = [q for q in unique if q not in found]
+        missing = [r for r in unique if r not in found]
         if missing:
             found.update(self._fill(missing, k))
-        return [list(found[q]) for q in normalized]
+        return [list(found[r]) for r in requests]
 
-    def _lookup(self, unique: list[str], k: int) -> dict[str, list[Hit]]:
+    def _lookup(
+        self, unique: list[tuple[str, str | None]], k: int
+    ) -> dict[tuple[str, str | None], list[Hit]]:
         if self._conn is None:
             return {}
-        keys = {cache_key(self._fingerprint, q, k): q for q in unique}
-        found: dict[str, list[Hit]] = {}
+        keys = {cache_key(self._fingerprint, q, k, p): (q, p) for q, p in unique}
+        found: dict[tuple[str, str | None], list[Hit]] = {}
         with self._lock:
             key_list = list(keys)
             # SQLite's parameter limit is 32766 in modern builds; chunk well under it.
@@ -146,27 +160,27 @@ class CachedBackend:
         self.stats["misses"] += len(unique) - len(found)
         return found
 
-    def _fill(self, missing: list[str], k: int) -> dict[str, list[Hit]]:
+    def _fill(self, missing: list[tuple[str, str | None]], k: int) -> dict[tuple[str, str | None], list[Hit]]:
         if self.mode == "replay":
-            shown = ", ".join(repr(q) for q in missing[:3])
+            shown = ", ".join(repr(q) for q, _ in missing[:3])
             raise CacheMiss(
                 f"replay cache {self.path} has no result for {len(missing)} quer"
                 f"{'y' if len(missing) == 1 else 'ies'} at k={k} (e.g. {shown}); record them with "
                 f"mode='read_write' first"
             )
         assert self.backend is not None
-        results = self.backend.search(missing, k)
+        results = search_as(self.backend, [q for q, _ in missing], k, [p for _, p in missing])
         self.stats["backend_queries"] += len(missing)
         if self._conn is not None:
             rows = [
                 (
-                    cache_key(self._fingerprint, q, k),
+                    cache_key(self._fingerprint, q, k, p),
                     self._fingerprint,
                     q,
                     k,
                     json.dumps([h.to_dict() for h in hits]),
                 )
-                for q, hits in zip(missing, results, strict=True)
+                for (q, p), hits in zip(missing, results, strict=True)
             ]
             with self._lock:
                 self._conn.executemany("INSERT OR REPLACE INTO results VALUES (?, ?, ?, ?, ?)", rows)

@@ -14,6 +14,12 @@ connection or a 5xx is transient and retried with exponential backoff and jitter
 `SearchTimeout` (if the last failure was a timeout) or `SearchUnavailable`. A call never takes longer
 than `deadline_s` = attempts x (connect + read timeout) + the largest possible backoff total.
 
+Principals (`searchrl.search.acl`): `search(queries, k, principals=[...])` sends each distinct principal's
+queries in their own request with ``"principal": "<id>"`` beside the wire format's fields (a query without one
+is sent without the field: public documents only). Before the first principal goes out, the client checks that
+the server says ``"principals": true`` on `/health`: a server that would ignore the field (Search-R1's own,
+an older searchrl) is refused with `BadSearchRequest` instead of answering with every document.
+
 `AsyncHTTPBackend` adds `asearch` / `asearch_many` coroutines with the same semantics and a concurrency
 limit, for callers that keep many batches in flight against one shared service.
 """
@@ -25,12 +31,13 @@ import hashlib
 import random
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
+from searchrl.search.acl import check_principals, group_by_principal
 from searchrl.search.base import (
     BadSearchRequest,
     Hit,
@@ -112,6 +119,7 @@ class HTTPBackend:
         self._client = httpx.Client(headers=headers, timeout=self._timeout(read_timeout))
         # Pass `fingerprint` to pin the cache key; otherwise it is read from the server's /health.
         self._fingerprint: str | None = fingerprint
+        self._enforces_acl: bool | None = None  # read from /health before the first principal is sent
         self.stats = {"requests": 0, "retries": 0, "failures": 0}
 
     @staticmethod
@@ -175,20 +183,68 @@ class HTTPBackend:
     def close(self) -> None:
         self._client.close()
 
-    def search(self, queries: list[str], k: int) -> list[list[Hit]]:
+    def search(
+        self, queries: list[str], k: int, principals: Sequence[str | None] | None = None
+    ) -> list[list[Hit]]:
+        """Each query's hits for its principal (None: public only); one request per distinct principal."""
         if k < 1:
             raise BadSearchRequest(f"k must be >= 1, got {k}")
-        if not queries:
-            return []
-        return self._hits((self._post(body) for body in self._bodies(queries, k)), len(queries))
+        groups = self._principal_groups(queries, principals)
+        out: list[list[Hit]] = [[] for _ in queries]
+        for principal, positions in groups.items():
+            batch = [queries[i] for i in positions]
+            bodies = self._bodies(batch, k, principal)
+            for i, hits in zip(
+                positions, self._hits((self._post(b) for b in bodies), len(batch)), strict=True
+            ):
+                out[i] = hits
+        return out
 
-    def _bodies(self, queries: list[str], k: int) -> list[dict[str, Any]]:
-        """The request bodies of one batch: one per query in the skyrl format, else one for the whole batch."""
+    def _principal_groups(
+        self, queries: list[str], principals: Sequence[str | None] | None
+    ) -> dict[str | None, list[int]]:
+        """Query positions by principal, after checking each id and that the server enforces ACLs."""
+        try:
+            owners = check_principals(principals, len(queries))
+        except ValueError as e:
+            raise BadSearchRequest(str(e)) from None
+        groups = group_by_principal(owners)
+        if any(p is not None for p in groups) and not self.enforces_acl:
+            raise BadSearchRequest(
+                f"{self.base_url} does not say it enforces document ACLs (its /health has no "
+                "'principals': true); refusing to send a principal's query to a server that may ignore it"
+            )
+        return groups
+
+    @property
+    def enforces_acl(self) -> bool:
+        """Does the server say (GET /health: ``"principals": true``) that it filters by principal?"""
+        if self._enforces_acl is None:
+            try:
+                r = self._client.get(
+                    self.base_url + "/health", timeout=self._timeout(min(self.read_timeout, 5.0))
+                )
+                body = r.json() if r.status_code == 200 else {}
+            except (httpx.HTTPError, ValueError):
+                raise SearchUnavailable(
+                    f"{self.base_url}/health: no answer; cannot check ACL support"
+                ) from None
+            self._enforces_acl = isinstance(body, dict) and body.get("principals") is True
+        return self._enforces_acl
+
+    def _bodies(self, queries: list[str], k: int, principal: str | None = None) -> list[dict[str, Any]]:
+        """The request bodies of one batch: one per query in the skyrl format, else one for the whole batch;
+        each with the `principal` field when the batch is made for one."""
         if self.protocol == "skyrl":
-            return [{"query": q, "topk": k, "return_scores": True} for q in queries]
-        if self.protocol == "flashrag":
-            return [{"query": queries, "top_n": k, "return_score": True}]
-        return [{"queries": queries, "topk": k, "return_scores": True}]
+            bodies = [{"query": q, "topk": k, "return_scores": True} for q in queries]
+        elif self.protocol == "flashrag":
+            bodies = [{"query": queries, "top_n": k, "return_score": True}]
+        else:
+            bodies = [{"queries": queries, "topk": k, "return_scores": True}]
+        if principal is not None:
+            for body in bodies:
+                body["principal"] = principal
+        return bodies
 
     def _hits(self, answers: Iterable[Any], n_queries: int) -> list[list[Hit]]:
         """The hits of each query from the answers to `_bodies`' requests, read one by one as they come."""
@@ -326,14 +382,23 @@ class AsyncHTTPBackend(HTTPBackend):
             self._aclient, self._semaphore = None, None
         self.close()
 
-    async def asearch(self, queries: list[str], k: int) -> list[list[Hit]]:
-        """The async twin of `search`: one request per batch (one per query for the skyrl format)."""
+    async def asearch(
+        self, queries: list[str], k: int, principals: Sequence[str | None] | None = None
+    ) -> list[list[Hit]]:
+        """The async twin of `search`: one request per batch and principal (per query for skyrl)."""
         if k < 1:
             raise BadSearchRequest(f"k must be >= 1, got {k}")
-        if not queries:
-            return []
-        answers = await asyncio.gather(*(self._apost(body) for body in self._bodies(queries, k)))
-        return self._hits(answers, len(queries))
+        if self._enforces_acl is None and principals is not None and any(p is not None for p in principals):
+            await asyncio.to_thread(lambda: self.enforces_acl)  # the one blocking /health read, off the loop
+        groups = self._principal_groups(queries, principals)
+        out: list[list[Hit]] = [[] for _ in queries]
+        for principal, positions in groups.items():
+            batch = [queries[i] for i in positions]
+            bodies = self._bodies(batch, k, principal)
+            answers = await asyncio.gather(*(self._apost(body) for body in bodies))
+            for i, hits in zip(positions, self._hits(answers, len(batch)), strict=True):
+                out[i] = hits
+        return out
 
     async def asearch_many(self, batches: list[list[str]], k: int) -> list[list[list[Hit]]]:
         """Several batches concurrently (bounded by `max_concurrency`), answers in the order given."""

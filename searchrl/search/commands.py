@@ -9,7 +9,8 @@ from pathlib import Path
 
 import typer
 
-from searchrl.search.base import SearchError
+from searchrl.search.acl import principal_problem
+from searchrl.search.base import SearchError, search_as
 
 
 class BackendName(StrEnum):
@@ -140,6 +141,12 @@ def search_command(
     ),
     token: str | None = typer.Option(None, "--token", help="Bearer token for the server."),
     k: int = typer.Option(3, "--k", min=1, help="Hits per query."),
+    principal: str | None = typer.Option(
+        None,
+        "--principal",
+        help="Search as this principal: only documents whose acl names it, and public ones (default: public "
+        "documents only).",
+    ),
     as_json: bool = typer.Option(
         False, "--json", help="Print JSON (one list of hits per query) instead of text."
     ),
@@ -149,11 +156,15 @@ def search_command(
 
     if (index is None) == (url is None):
         raise _fail("give exactly one of --index or --url")
+    problem = None if principal is None else principal_problem(principal)
+    if problem is not None:
+        raise _fail(f"--principal: {problem}")
     try:
         backend = open_backend(
             SearchConfig(index=str(index) if index else None, url=url, protocol=protocol, token=token)
         )
-        results = backend.search(list(queries), k)
+        principals = None if principal is None else [principal] * len(queries)
+        results = search_as(backend, list(queries), k, principals)
     except (ValueError, SearchError) as e:
         typer.echo(f"search failed: {e}", err=True)
         raise typer.Exit(1) from None

@@ -7,7 +7,8 @@ Search-R1 and FlashRAG publish:
 * Search-R1 / FlashRAG: ``{"id", "contents"}`` where ``contents`` is ``"Title"\\ntext`` (a quoted title
   on the first line).
 
-Files may be ``.jsonl``, ``.jsonl.gz`` or ``.parquet``. Every error names the file, the line and what is
+Either may carry ``acl``, the principal ids allowed to read the document (`searchrl.search.acl`; no ``acl``:
+public). Files may be ``.jsonl``, ``.jsonl.gz`` or ``.parquet``. Every error names the file, the line and what is
 wrong, because a corpus of millions of rows is otherwise impossible to debug.
 
 `DocStore` keeps ids, titles and texts as three UTF-8 blobs with offset arrays, opened with mmap, so a
@@ -26,6 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
+from searchrl.search.acl import PrincipalError, parse_acl
+
 
 class CorpusError(ValueError):
     """A corpus file is missing, malformed, or has a row without the fields we need."""
@@ -33,11 +36,13 @@ class CorpusError(ValueError):
 
 @dataclass(frozen=True)
 class Document:
-    """One corpus passage: a unique id, its title (may be empty) and its body text."""
+    """One corpus passage: a unique id, its title (may be empty), its body text, and who may read it
+    (`acl`: the principal ids, sorted; None: public; empty: no one)."""
 
     id: str
     title: str
     text: str
+    acl: tuple[str, ...] | None = None
 
 
 def split_search_r1_contents(contents: str) -> tuple[str, str]:
@@ -76,12 +81,16 @@ def document_from_row(row: object, where: str) -> Document:
     if not isinstance(body, str):
         raise CorpusError(f"{where}: field '{body_key}' must be a string, got {type(body).__name__}")
     doc_id = str(row["id"])
+    try:
+        acl = parse_acl(row.get("acl"), where)
+    except PrincipalError as e:
+        raise CorpusError(str(e)) from None
     if "title" in row and row["title"] is not None:
         if not isinstance(row["title"], str):
             raise CorpusError(f"{where}: field 'title' must be a string, got {type(row['title']).__name__}")
-        return Document(doc_id, row["title"], body)
+        return Document(doc_id, row["title"], body, acl)
     title, text = split_search_r1_contents(body)
-    return Document(doc_id, title, text)
+    return Document(doc_id, title, text, acl)
 
 
 def _iter_json_lines(path: Path) -> Iterator[tuple[int, object]]:
@@ -131,11 +140,19 @@ def load_corpus(path: str | os.PathLike) -> list[Document]:
 
 
 def corpus_hash(docs: Iterable[Document]) -> str:
-    """sha256 over the documents' (id, title, text), independent of file format and compression."""
+    """sha256 over the documents' (id, title, text) and ACLs, independent of file format and compression.
+
+    A document's acl enters the hash only when it has one, so a corpus without ACLs hashes (and its index
+    fingerprints) as before ACLs existed, and changing who may read a document changes the fingerprint."""
     h = hashlib.sha256()
     for d in docs:
         for part in (d.id, d.title, d.text):
             b = part.encode("utf-8")
+            h.update(len(b).to_bytes(8, "little"))
+            h.update(b)
+        if d.acl is not None:
+            b = json.dumps(["acl", list(d.acl)], ensure_ascii=False).encode("utf-8")
+            h.update(b"\xffacl")
             h.update(len(b).to_bytes(8, "little"))
             h.update(b)
     return h.hexdigest()

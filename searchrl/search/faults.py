@@ -15,8 +15,9 @@ from __future__ import annotations
 import random
 import threading
 import time
+from collections.abc import Sequence
 
-from searchrl.search.base import Backend, Hit, SearchTimeout, SearchUnavailable
+from searchrl.search.base import Backend, Hit, SearchTimeout, SearchUnavailable, search_as
 
 
 def _check_rate(name: str, value: float) -> float:
@@ -91,7 +92,10 @@ class FaultInjectingBackend:
             self.counters["delayed_ms"] += delay
         return delay, fault, per_query
 
-    def search(self, queries: list[str], k: int) -> list[list[Hit]]:
+    def search(
+        self, queries: list[str], k: int, principals: Sequence[str | None] | None = None
+    ) -> list[list[Hit]]:
+        """The wrapped backend's answer (for each query's principal), perturbed at the seeded rates."""
         delay_ms, fault, per_query = self._draw_call_faults(len(queries))
         if delay_ms:
             time.sleep(delay_ms / 1000.0)
@@ -105,7 +109,7 @@ class FaultInjectingBackend:
         if fault == "error":
             self._count("errors")
             raise SearchUnavailable(f"injected backend error (fault injection, seed {self.seed})")
-        results = self.backend.search(queries, k)
+        results = search_as(self.backend, queries, k, principals)
         return [
             self._perturb(hits, drop, shuffle, sub_seed)
             for hits, (drop, shuffle, sub_seed) in zip(results, per_query, strict=True)
@@ -135,5 +139,7 @@ class FindsNothing:
 
     fingerprint = "finds-nothing"
 
-    def search(self, queries: list[str], k: int) -> list[list[Hit]]:
+    def search(
+        self, queries: list[str], k: int, principals: Sequence[str | None] | None = None
+    ) -> list[list[Hit]]:
         return [[] for _ in queries]

@@ -5,6 +5,11 @@ corpus hash and the fingerprint = sha256(corpus hash + backend + parameters). Th
 search cache and is recorded in each run's manifest, so a result can always be traced to the exact
 corpus and ranking function that produced it. `meta.json` is written last (atomically): a directory
 without it is an interrupted build, and `load_index` says so instead of serving half an index.
+
+A corpus whose rows carry `acl` keeps it: the index gets `acl.json` (`searchrl.search.acl.AccessControl`),
+`meta.json` counts the restricted documents, and the ACLs are part of the corpus hash, so the fingerprint (and
+every cache key) changes when who may read a document changes. A corpus without ACLs builds the same files
+and fingerprint as before ACLs existed.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from searchrl.common.io import atomic_write_json
+from searchrl.search.acl import ACL_FILE, AccessControl
 from searchrl.search.base import Backend
 from searchrl.search.bm25 import BM25Backend, BM25Params
 from searchrl.search.cache import CachedBackend
@@ -29,7 +35,7 @@ from searchrl.search.faults import FaultInjectingBackend
 
 INDEX_FORMAT_VERSION = 1
 BACKENDS = ("bm25", "dense")
-_INDEX_ENTRIES = {"meta.json", "bm25", "docs", "dense.faiss"}
+_INDEX_ENTRIES = {"meta.json", "bm25", "docs", "dense.faiss", ACL_FILE}
 
 
 class IndexFormatError(ValueError):
@@ -105,6 +111,9 @@ def build_index(
     started = time.perf_counter()
     docs = load_corpus(corpus_path)
     sha = corpus_hash(docs)
+    acl = AccessControl.from_acls([d.acl for d in docs])
+    if acl.any_restricted:
+        acl.write(out_dir)  # before the backend's files, so a backend never loads without its ACLs
     if backend == "bm25":
         bm25_params = BM25Params(**params)
         BM25Backend.build(docs, out_dir, bm25_params)
@@ -137,6 +146,8 @@ def build_index(
     }
     if backend == "dense":
         meta["faiss"] = faiss_info
+    if acl.any_restricted:
+        meta["acl"] = acl.summary()
     atomic_write_json(out_dir / "meta.json", meta)
     return load_index(out_dir, model_path=params.get("model_path"))
 
@@ -146,6 +157,12 @@ def load_index(
 ) -> Backend:
     """Open the index in `index_dir` as the backend that built it (`BM25Backend` or `DenseBackend`)."""
     meta = read_meta(index_dir)
+    if meta.get("acl") and not (Path(index_dir) / ACL_FILE).is_file():
+        # Fail closed: without its ACL file the index would serve restricted documents as public ones.
+        raise IndexFormatError(
+            f"{index_dir}: meta.json says {meta['acl'].get('restricted_docs')} documents are restricted but "
+            f"{ACL_FILE} is missing; rebuild the index with `searchrl index`"
+        )
     if meta["backend"] == "bm25":
         return BM25Backend.load(index_dir, BM25Params(**meta["params"]), meta["fingerprint"], mmap=mmap)
     if meta["backend"] == "dense":

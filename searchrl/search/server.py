@@ -19,12 +19,22 @@ to fix it — never a 5xx. 5xx is kept for failures of the server itself (503: t
 is exactly what a client should retry. With a token, the search endpoints need
 ``Authorization: Bearer <token>`` (compared in constant time); ``/health`` and the OpenAPI spec stay
 open for probes. The default bind is 127.0.0.1.
+
+Principals (`searchrl.search.acl`): every search endpoint takes an optional ``"principal": "<id>"`` beside its
+wire format's fields, and answers with the best k documents that principal may read (filtered before the
+top-k cut); a request without one (or with ``null``) sees public documents only. A principal that is not a
+valid id is a 422, and so is a JSON body that names a field twice (``{"principal": "a", "principal": "b"}``:
+no parser may read another principal than this one). The server trusts the principal its caller names: it is
+the training environment's backend, authenticated by the bearer token, not a service for end users.
+`/health` says ``"principals": true`` when the backend enforces ACLs, which the client checks before it
+sends a principal.
 """
 
 from __future__ import annotations
 
 import argparse
 import hmac
+import inspect
 import json
 import logging
 import os
@@ -37,7 +47,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from searchrl.search.base import Backend, Hit, SearchError
+from searchrl.search.acl import principal_problem
+from searchrl.search.base import Backend, Hit, SearchError, search_as
 from searchrl.search.corpus import join_search_r1_contents
 
 log = logging.getLogger(__name__)
@@ -93,9 +104,19 @@ def document_dict(hit: Hit) -> dict[str, str]:
     }
 
 
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object whose every key appears once (two parsers must never read two different principals)."""
+    seen: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in seen:
+            raise BadRequest(f"field {key!r} appears more than once in a JSON object; send it once", 400)
+        seen[key] = value
+    return seen
+
+
 def _parse_object(raw: bytes) -> dict[str, Any]:
     try:
-        body = json.loads(raw)
+        body = json.loads(raw, object_pairs_hook=_unique_keys)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise BadRequest(f"request body is not valid JSON ({e}); send a JSON object", 400) from None
     if not isinstance(body, dict):
@@ -141,6 +162,17 @@ def _check_topk(value: Any, field: str, limits: ServerLimits) -> int:
     return value
 
 
+def check_request_principal(body: dict[str, Any]) -> str | None:
+    """The request's optional ``principal`` (None: public documents only); a bad one is a 422."""
+    value = body.get("principal")
+    if value is None:
+        return None
+    problem = principal_problem(value)
+    if problem is not None:
+        raise BadRequest(f"'principal': {problem}; leave it out (or null) to search public documents only")
+    return value
+
+
 def _check_bool(value: Any, field: str) -> bool:
     if value is None:
         return False
@@ -150,8 +182,9 @@ def _check_bool(value: Any, field: str) -> bool:
 
 
 def parse_retrieve(body: dict[str, Any], limits: ServerLimits) -> tuple[list[str], int, bool]:
-    """Validate a Search-R1 (or SkyRL one-query) /retrieve body → (queries, topk, return_scores)."""
-    _check_keys(body, ("queries", "query", "topk", "return_scores"))
+    """Validate a Search-R1 (or SkyRL one-query) /retrieve body → (queries, topk, return_scores); its
+    principal is read by `check_request_principal`."""
+    _check_keys(body, ("queries", "query", "topk", "return_scores", "principal"))
     if ("queries" in body) == ("query" in body):
         raise BadRequest("send exactly one of 'queries' (a list of strings) or 'query' (one string)")
     if "query" in body:
@@ -171,7 +204,7 @@ def parse_retrieve(body: dict[str, Any], limits: ServerLimits) -> tuple[list[str
 
 def parse_flashrag(body: dict[str, Any], limits: ServerLimits, batch: bool) -> tuple[list[str], int, bool]:
     """Validate a FlashRAG /batch_search (list) or /search (one string) body."""
-    _check_keys(body, ("query", "top_n", "return_score"))
+    _check_keys(body, ("query", "top_n", "return_score", "principal"))
     if "query" not in body:
         raise BadRequest("missing field 'query'" + (" (a list of strings)" if batch else " (a string)"))
     if batch:
@@ -189,6 +222,11 @@ def parse_flashrag(body: dict[str, Any], limits: ServerLimits, batch: bool) -> t
     )
 
 
+_PRINCIPAL_SCHEMA = {
+    "type": ["string", "null"],
+    "minLength": 1,
+    "description": "Search as this principal: only documents it may read (absent or null: public only).",
+}
 _RETRIEVE_SCHEMA = {
     "type": "object",
     "properties": {
@@ -196,6 +234,7 @@ _RETRIEVE_SCHEMA = {
         "query": {"type": "string", "description": "One query (SkyRL clients); exclusive with 'queries'."},
         "topk": {"type": "integer", "minimum": 1, "description": "Hits per query."},
         "return_scores": {"type": "boolean", "default": False},
+        "principal": _PRINCIPAL_SCHEMA,
     },
 }
 _FLASHRAG_SCHEMA = {
@@ -205,12 +244,21 @@ _FLASHRAG_SCHEMA = {
         "query": {"oneOf": [{"type": "array", "items": {"type": "string"}}, {"type": "string"}]},
         "top_n": {"type": "integer", "minimum": 1},
         "return_score": {"type": "boolean", "default": False},
+        "principal": _PRINCIPAL_SCHEMA,
     },
 }
 
 
 def _body_spec(schema: dict) -> dict:
     return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
+
+
+def backend_takes_principals(backend: Backend) -> bool:
+    """Does `backend.search` take `principals` (and so enforce document ACLs)?"""
+    try:
+        return "principals" in inspect.signature(backend.search).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 class _CatchAll:
@@ -291,14 +339,18 @@ def create_app(
         return _parse_object(raw)
 
     inline_ok = bool(getattr(backend, "fast_inline", False))
+    enforces_acl = backend_takes_principals(backend)
 
-    async def run_search(queries: list[str], k: int) -> list[list[Hit]]:
+    async def run_search(queries: list[str], k: int, principal: str | None = None) -> list[list[Hit]]:
         # The backend is synchronous (numba, faiss, torch); a long batch runs off the event loop so
         # /health and new connections stay responsive. A few queries on a backend that answers in
         # well under a millisecond (BM25) run inline: the thread hop would cost more than the search.
+        if principal is not None and not enforces_acl:
+            raise BadRequest("this server's backend does not enforce document ACLs; send no 'principal'")
+        principals = None if principal is None else [principal] * len(queries)
         if inline_ok and len(queries) <= inline_max_queries:
-            return backend.search(queries, k)
-        return await run_in_threadpool(backend.search, queries, k)
+            return search_as(backend, queries, k, principals)
+        return await run_in_threadpool(search_as, backend, queries, k, principals)
 
     @app.exception_handler(BadRequest)
     async def _bad_request(_: Request, exc: BadRequest) -> Response:
@@ -331,13 +383,15 @@ def create_app(
                 "fingerprint": backend.fingerprint,
                 "num_docs": num_docs,
                 "limits": asdict(limits),
+                "principals": enforces_acl,
             }
         )
 
     @app.post("/retrieve", openapi_extra=_body_spec(_RETRIEVE_SCHEMA))
     async def retrieve(request: Request) -> Response:
-        queries, k, with_scores = parse_retrieve(await read_body(request), limits)
-        results = await run_search(queries, k)
+        body = await read_body(request)
+        queries, k, with_scores = parse_retrieve(body, limits)
+        results = await run_search(queries, k, check_request_principal(body))
         if with_scores:
             payload = [[{"document": document_dict(h), "score": h.score} for h in hits] for hits in results]
         else:
@@ -345,8 +399,9 @@ def create_app(
         return _json_response({"result": payload})
 
     async def flashrag(request: Request, batch: bool) -> Response:
-        queries, k, with_scores = parse_flashrag(await read_body(request), limits, batch)
-        results = await run_search(queries, k)
+        body = await read_body(request)
+        queries, k, with_scores = parse_flashrag(body, limits, batch)
+        results = await run_search(queries, k, check_request_principal(body))
         docs = [[document_dict(h) for h in hits] for hits in results]
         scores = [[h.score for h in hits] for hits in results]
         if not batch:

@@ -12,7 +12,8 @@ synthetic demo's: the SFT and PPO policies on the hidden test split,
 * ``GET /api/summary``                  target, kind, the sources, and for the chosen source its steps,
   termination reasons, counts and the tokenizer used;
 * ``GET /api/trajectories``             the list, filtered by ``step``, ``min_reward``, ``max_reward``,
-  ``correct`` (``yes``/``no``: exact match against the golds), ``termination`` and ``q`` (text);
+  ``correct`` (``yes``/``no``: exact match against the golds), ``denied`` (``yes``/``no``: a tool call was
+  denied for the episode's principal), ``termination`` and ``q`` (text);
 * ``GET /api/trajectories/{key}``       one trajectory token by token: text, kind (prompt / action /
   observation / glue, `searchrl.common.trajectory.token_kinds`: the report colours by the same rule),
   sampling logprob, and the advantage, KL and value the PPO step computed (saved by `PPOTrainer` in
@@ -197,10 +198,16 @@ def summary_row(entry: Entry) -> dict[str, Any]:
         "num_turns": t.num_turns,
         "num_tool_calls": len(t.tool_calls),
         "failed_tool_calls": sum(1 for c in t.tool_calls if c.status != "ok"),
+        "denied_tool_calls": denied_calls(t),
         "num_tokens": len(t.input_ids),
         "num_action_tokens": t.num_action_tokens,
         "injection_attempts": int(t.metadata.get("injection_attempts", 0) or 0),
     }
+
+
+def denied_calls(traj: Trajectory) -> int:
+    """Tool calls refused for the episode's principal (acting beyond its authority)."""
+    return sum(1 for c in traj.tool_calls if c.status == "permission_denied")
 
 
 def per_token(traj: Trajectory, name: str) -> list[float | None]:
@@ -289,6 +296,7 @@ def matches(
     correct: str | None,
     termination: str | None,
     text: str | None,
+    denied: str | None = None,
 ) -> bool:
     t = entry.traj
     if step is not None and entry.step != step:
@@ -301,6 +309,8 @@ def matches(
     if correct is not None and is_correct(t) != (correct == "yes"):
         return False
     if termination is not None and t.termination != termination:
+        return False
+    if denied is not None and (denied_calls(t) > 0) != (denied == "yes"):
         return False
     if text:
         needle = text.lower()
@@ -387,6 +397,7 @@ def create_app(target: str | Path) -> FastAPI:
         max_reward: float | None = Query(None, description="Only rewards <= this."),
         correct: str | None = Query(None, description="'yes' or 'no': exact match against the golds."),
         termination: str | None = Query(None, description=f"One of {', '.join(TERMINATION_REASONS)}."),
+        denied: str | None = Query(None, description="'yes' or 'no': a tool call was permission-denied."),
         q: str | None = Query(None, description="Text in the question, answer, id or golds."),
         limit: int = Query(500, ge=1, le=10000, description="Most rows to return."),
     ) -> dict[str, Any]:
@@ -395,6 +406,9 @@ def create_app(target: str | Path) -> FastAPI:
         termination = termination or None
         if correct is not None and correct not in CORRECT_CHOICES:
             raise HTTPException(422, f"correct={correct!r}: use 'yes' or 'no' (or leave it out)")
+        denied = denied or None
+        if denied is not None and denied not in CORRECT_CHOICES:
+            raise HTTPException(422, f"denied={denied!r}: use 'yes' or 'no' (or leave it out)")
         if termination is not None and termination not in TERMINATION_REASONS:
             raise HTTPException(
                 422, f"termination={termination!r}: use one of {', '.join(TERMINATION_REASONS)}"
@@ -402,7 +416,7 @@ def create_app(target: str | Path) -> FastAPI:
         hits = [
             e
             for e in data.entries(chosen.id)
-            if matches(e, step, min_reward, max_reward, correct, termination, q)
+            if matches(e, step, min_reward, max_reward, correct, termination, q, denied)
         ]
         return {"total": len(hits), "source": chosen.id, "rows": [summary_row(e) for e in hits[:limit]]}
 

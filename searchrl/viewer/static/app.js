@@ -89,6 +89,8 @@ function filterForm(values) {
     el("label", {}, "correct (EM)",
       el("select", { name: "correct" }, option("", "any"), option("yes", "yes", values.correct === "yes"), option("no", "no", values.correct === "no"))),
     el("label", {}, "termination", el("select", { name: "termination" }, option("", "any"), terms)),
+    el("label", {}, "denied calls",
+      el("select", { name: "denied" }, option("", "any"), option("yes", "yes", values.denied === "yes"), option("no", "no", values.denied === "no"))),
     el("label", {}, "text", el("input", { name: "q", type: "search", value: values.q || "" })),
     el("button", { type: "submit" }, "Filter"),
   );
@@ -120,7 +122,8 @@ async function renderList() {
       el("td", { class: r.correct ? "yes" : "no" }, r.correct ? "yes" : "no"),
       el("td", { class: "num" }, fmt(r.reward)),
       el("td", {}, r.termination),
-      el("td", { class: "num" }, `${r.num_tool_calls}` + (r.failed_tool_calls ? ` (${r.failed_tool_calls} failed)` : "")),
+      el("td", { class: "num" }, `${r.num_tool_calls}` + (r.failed_tool_calls ? ` (${r.failed_tool_calls} failed)` : ""),
+        r.denied_tool_calls ? el("span", { class: "status-bad denied" }, ` ${r.denied_tool_calls} denied`) : null),
       el("td", { class: "num" }, `${r.num_action_tokens}/${r.num_tokens}`),
     ),
   );
