@@ -2,7 +2,8 @@
 
 A checkpoint holds everything a resumed run needs to continue as if it had never stopped: `policy/`
 (weights + tokenizer; with PEFT the adapter only), `value/` (the critic) or `value_head.pt`,
-`optim_rng.pt` (optimizer, scheduler, Python/NumPy/torch RNG states) and `trainer_state.json` (step,
+`optim_rng.pt` (optimizer, scheduler, Python/NumPy/torch RNG states), `value_replay.pt` (the critic's
+replayed batches, `value_replay_steps`) and `trainer_state.json` (step,
 episode, data position, KL controller, collapse guard, rollbacks, learning-rate scale, best dev
 evaluation, clocks), written last. The run layer (`RunDir.write_checkpoint`) writes it into a temporary
 folder and renames it into place, and prunes old ones (`save_total_limit`) except the protected ones: the
@@ -106,6 +107,8 @@ def fill_checkpoint(trainer: Any, folder: Path) -> None:
     rng = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
     optim = {"optimizer": trainer.optimizer.state_dict(), "scheduler": trainer.lr_scheduler.state_dict()}
     torch.save({**optim, "rng": rng}, folder / "optim_rng.pt")
+    if len(trainer.value_replay):
+        torch.save(trainer.value_replay.state_dict(), folder / "value_replay.pt")
     state = {
         "global_step": trainer.global_step,
         "episode": trainer.episode,
@@ -139,6 +142,8 @@ def load_checkpoint(trainer: Any, path: str | Path, restore_clock: bool = True) 
     blob = torch.load(path / "optim_rng.pt", weights_only=False)
     trainer.optimizer.load_state_dict(blob["optimizer"])
     trainer.lr_scheduler.load_state_dict(blob["scheduler"])
+    replay = path / "value_replay.pt"
+    trainer.value_replay.load_state_dict(torch.load(replay, weights_only=False) if replay.is_file() else None)
     random.setstate(blob["rng"]["python"])
     np.random.set_state(blob["rng"]["numpy"])
     torch.set_rng_state(blob["rng"]["torch"])

@@ -153,12 +153,35 @@ class PPOSection(RunSection, TrainingSection):
         metadata=help_text("Adaptive KL horizon in episodes: how slowly beta follows the error."),
     )
     cliprange: float = field(default=0.2, metadata=help_text("PPO ratio clip epsilon for the policy loss."))
-    cliprange_value: float = field(
-        default=0.2, metadata=help_text("Clip range of the value predictions around the rollout-time values.")
+    cliprange_value: float | None = field(
+        default=0.2,
+        metadata=help_text(
+            "Clip range of the value predictions around the rollout-time values (PPO2's value clip; TRL's "
+            "default 0.2); null: no clip. A clipped value moves at most this far per step, so a fresh critic "
+            "facing returns of about 1 spends its first steps on the mean (docs/ppo.md: the critic)."
+        ),
     )
     vf_coef: float = field(default=0.1, metadata=help_text("Weight of the value loss in the total loss."))
     gamma: float = field(default=1.0, metadata=help_text("Discount factor over action tokens."))
     lam: float = field(default=0.95, metadata=help_text("GAE lambda over action tokens."))
+    value_lam: float | None = field(
+        default=None,
+        metadata=help_text(
+            "GAE lambda of the critic's targets (the returns it fits); null: lam. 1.0 fits Monte-Carlo "
+            "returns while the policy's advantages keep lam (VC-PPO's decoupled GAE, Yuan et al. 2025): with "
+            "lam 0.95 over 40 action tokens, an early token's target holds 0.95^40 = 0.13 of the outcome and "
+            "the rest is the critic's own guess."
+        ),
+    )
+    value_replay_steps: int = field(
+        default=0,
+        metadata=help_text(
+            "The critic also fits the targets of the last N steps' batches: critic-only optimizer steps "
+            "(num_ppo_epochs x num_mini_batches per replayed batch) after each PPO update; the policy and its "
+            "learning-rate schedule are untouched. A critic learns from more distinct episodes than one batch "
+            "holds (docs/ppo.md: the critic). 0: off (TRL). Needs value_mode separate and no DeepSpeed."
+        ),
+    )
     whiten_rewards: bool = field(
         default=False,
         metadata=help_text("Scale per-token rewards to unit variance (mean kept) over action tokens."),
@@ -276,6 +299,16 @@ class PPOSection(RunSection, TrainingSection):
         return self.learning_rate if self.value_learning_rate is None else self.value_learning_rate
 
     @property
+    def critic_lam(self) -> float:
+        """The GAE lambda of the critic's targets: value_lam, or lam when that is null."""
+        return self.lam if self.value_lam is None else self.value_lam
+
+    @property
+    def value_clip(self) -> float:
+        """cliprange_value, or infinity (no clip) when it is null."""
+        return math.inf if self.cliprange_value is None else self.cliprange_value
+
+    @property
     def adaptive_kl(self) -> bool:
         return self.kl_target is not None
 
@@ -358,11 +391,30 @@ class PPOSection(RunSection, TrainingSection):
             0 < self.cliprange < 1, "cliprange", self.cliprange, "must be in (0, 1); TRL's default is 0.2"
         )
         require(
-            self.cliprange_value > 0,
+            self.cliprange_value is None or self.cliprange_value > 0,
             "cliprange_value",
             self.cliprange_value,
-            "must be > 0; TRL's default is 0.2",
+            "must be > 0 (TRL's default is 0.2), or null for no value clipping",
         )
+        require(
+            self.value_lam is None or 0 <= self.value_lam <= 1,
+            "value_lam",
+            self.value_lam,
+            "must be in [0, 1], or null to use lam",
+        )
+        require(
+            isinstance(self.value_replay_steps, int) and self.value_replay_steps >= 0,
+            "value_replay_steps",
+            self.value_replay_steps,
+            "must be an integer >= 0 (0: the critic fits the current batch only)",
+        )
+        if self.value_replay_steps > 0:
+            require(
+                self.value_mode == "separate",
+                "value_mode",
+                self.value_mode,
+                "must be separate with value_replay_steps > 0 (critic-only steps need the critic's own model)",
+            )
         require(self.vf_coef >= 0, "vf_coef", self.vf_coef, "must be >= 0")
         require(0 <= self.gamma <= 1, "gamma", self.gamma, "must be in [0, 1]")
         require(0 <= self.lam <= 1, "lam", self.lam, "must be in [0, 1]")

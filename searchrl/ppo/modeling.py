@@ -100,14 +100,21 @@ class PolicyAndValue(nn.Module):
         )
         if shared:
             raw = self.value_head(out.hidden_states[-1]).squeeze(-1)
-        else:
-            backbone = getattr(self.value_model, self.value_model.base_model_prefix)
-            hidden = backbone(
-                input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
-            ).last_hidden_state
-            raw = self.value_model.score(hidden).squeeze(-1)
-        values = F.pad(raw[:, :-1].float(), (1, 0), value=0.0)
-        return out.logits, values
+            return out.logits, F.pad(raw[:, :-1].float(), (1, 0), value=0.0)
+        return out.logits, self.critic_values(input_ids, attention_mask)
+
+    def critic_values(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """The separate critic alone (no policy pass), aligned like `forward`'s values: the critic-only steps
+        of `value_replay_steps` (`ppo/value_replay.py`)."""
+        if self.value_mode != "separate":
+            raise ValueError("critic_values needs value_mode='separate' (the critic's own model)")
+        position_ids = position_ids_from_mask(attention_mask)
+        backbone = getattr(self.value_model, self.value_model.base_model_prefix)
+        hidden = backbone(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+        ).last_hidden_state
+        raw = self.value_model.score(hidden).squeeze(-1)
+        return F.pad(raw[:, :-1].float(), (1, 0), value=0.0)
 
 
 def disable_dropout(model: nn.Module) -> None:

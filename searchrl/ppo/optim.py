@@ -9,7 +9,8 @@ One optimizer step (`clip_and_step`) clips the global gradient norm to `max_grad
 measures the norm and clips nothing) and skips the update when the norm is NaN or inf: such a gradient
 would poison every weight it touches (counted in `health/skipped_updates`; the collapse guard treats it as
 a collapse). Under DeepSpeed the engine has clipped and stepped at its accumulation boundary already; the
-norm is read from it. The scheduler steps once per optimizer step, skipped or not.
+norm is read from it. The scheduler steps once per optimizer step, skipped or not; a step without a scheduler
+(the critic-only steps of `value_replay.py`) leaves the schedule where it is.
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ def optimizer_and_scheduler(
 def clip_and_step(
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
-    scheduler: Any,
+    scheduler: Any | None,
     max_grad_norm: float | None,
     deepspeed_engine: Any = None,
 ) -> tuple[float, bool]:
@@ -82,7 +83,8 @@ def clip_and_step(
     stepped = math.isfinite(grad_norm) or deepspeed_engine is not None
     if stepped:
         optimizer.step()
-    scheduler.step()
+    if scheduler is not None:
+        scheduler.step()
     optimizer.zero_grad(set_to_none=True)
     return grad_norm, stepped
 

@@ -31,7 +31,9 @@ batch; token weights, whitening, the controller's KL and the metrics are made gl
 What is not the algorithm has its own owner: the run layer (`searchrl.run.writer`: the run directory, when
 to log, evaluate, save and write samples, the best checkpoint; `common.clock`; `common.health`, the
 monitors GRPO logs too), `evaluation.loop.evaluate_during_training` (the dev loop), the rollout engines
-(`searchrl.rollout`), and beside this file `checkpointing.py` (what a checkpoint holds, resume),
+(`searchrl.rollout`), and beside this file `dev_eval.py` (the dev evaluation between steps),
+`value_replay.py` (the critic's replayed batches, `value_replay_steps`), `checkpointing.py` (what a
+checkpoint holds, resume),
 `callbacks.py` (transformers callbacks, the progress bar), `guard.py` (the collapse guard and its decision),
 `distributed.py` (processes, cross-rank statistics, DeepSpeed), `modeling.py` (the models), `batch.py` (the
 step's rows, trajectories as tensors) and `optim.py` (optimizer, scheduler, one clipped step).
@@ -41,7 +43,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -54,8 +55,7 @@ from torch import nn
 from searchrl.common.clock import TrainingClock
 from searchrl.common.health import likelihood_metrics
 from searchrl.common.trajectory import Trajectory
-from searchrl.evaluation.loop import evaluate_during_training
-from searchrl.ppo import checkpointing
+from searchrl.ppo import checkpointing, dev_eval
 from searchrl.ppo.advantages import (
     apply_missing_eos_penalty,
     compute_gae,
@@ -78,6 +78,7 @@ from searchrl.ppo.modeling import (
     token_logprobs,
 )
 from searchrl.ppo.optim import clip_and_step, optimizer_and_scheduler
+from searchrl.ppo.value_replay import ValueReplay, fit_critic_on_replay
 from searchrl.rewards.qa import answered_right
 from searchrl.rollout.backends import RolloutBackend, make_generator, sync_engine_weights
 from searchrl.rollout.stats import scored_episode_stats
@@ -175,6 +176,11 @@ class PPOTrainer:
         # The gradient passes go through DDP (or a DeepSpeed engine); `self.model` stays the plain module.
         self.wrapped_model, self.optimizer = self.ranks.prepare(self.model, self.optimizer)
         self.kl_ctl = make_kl_controller(args.kl_coef, args.kl_target, args.kl_horizon)
+        if args.value_replay_steps and self.uses_deepspeed:
+            raise ValueError(
+                "value_replay_steps needs the critic's own optimizer steps; DeepSpeed owns the step"
+            )
+        self.value_replay = ValueReplay(args.value_replay_steps)  # the critic's last batches (checkpointed)
 
         # --- rollout engine ----------------------------------------------------------------------------
         self.generation_config = args.generation_config()  # the one mapping eval and GRPO use too
@@ -321,13 +327,20 @@ class PPOTrainer:
             rewards = self.ranks.whiten(rewards, action_mask, shift_mean=False) * action_mask
 
         # 5. advantages: GAE over action tokens only (Schulman et al. 2016; an observation token is not a
-        # time step), returns = advantages + values from the raw advantages, then whitening.
-        advantages, returns = compute_gae(rewards, old_values * action_mask, action_mask, a.gamma, a.lam)
+        # time step), returns = advantages + values from the raw advantages, then whitening. The critic's
+        # targets may use their own lambda (`value_lam`; VC-PPO's decoupled GAE, Yuan et al. 2025).
+        values = old_values * action_mask
+        advantages, returns = compute_gae(rewards, values, action_mask, a.gamma, a.lam)
+        if a.critic_lam != a.lam:
+            returns = compute_gae(rewards, values, action_mask, a.gamma, a.critic_lam)[1]
+        mc_returns = compute_gae(rewards, values, action_mask, a.gamma, 1.0)[
+            1
+        ]  # what an ideal critic predicts
         if a.whiten_advantages:
             advantages = self.ranks.whiten(advantages, action_mask) * action_mask
 
         # 6. optimise: the clipped surrogate and the clipped value loss (Schulman et al. 2017).
-        train_stats = self._optimise(batch, old_logprobs, old_values * action_mask, advantages, returns)
+        train_stats = self._optimise(batch, old_logprobs, values, advantages, returns)
         sync_engine_weights(self.generator, self.policy)  # an engine with its own copy of the weights (vLLM)
 
         # 7. control: the KL controller sees the batch mean of per-trajectory summed KL (TRL's unit), over
@@ -354,9 +367,8 @@ class PPOTrainer:
             "kl_coef": kl_coef_used,
             "kl_coef_next": float(self.kl_ctl.value),
             "lr": float(self.lr_scheduler.get_last_lr()[0]),
-            "val/explained_variance": masked_explained_variance(
-                old_values * action_mask, returns, action_mask
-            ),
+            "val/explained_variance": masked_explained_variance(values, returns, action_mask),
+            "val/explained_variance_mc": masked_explained_variance(values, mc_returns, action_mask),
             "rollout/logprob_max_abs_diff": float(logprob_gap.max()),
             "rollout/action_tokens_per_episode": float(n_action.mean()),
             "rollout/seconds": t_rollout,
@@ -367,9 +379,7 @@ class PPOTrainer:
             **scored_episode_stats(trajs),
         }
         metrics = self.ranks.reduce_metrics(metrics)
-        self._save_trajectories(
-            trajs, {"advantages": advantages, "kl": kl, "values": old_values * action_mask}
-        )
+        self._save_trajectories(trajs, {"advantages": advantages, "kl": kl, "values": values})
         self.last_metrics = metrics
         self.last_trajectories = trajs
         return metrics
@@ -410,8 +420,21 @@ class PPOTrainer:
                 )
                 stats["grad_norm"].append(grad_norm)
                 skipped += not stepped
+        # The critic also fits the last `value_replay_steps` batches, critic-only (`value_replay.py`: why).
+        replayed = fit_critic_on_replay(
+            self.model,
+            self.optimizer,
+            self.value_replay,
+            a,
+            self.device,
+            self._autocast,
+            gen,
+            self.world_size,
+        )
+        self.value_replay.add(batch, returns)
         self.model.eval()
         return {
+            **replayed,
             "loss/policy_avg": float(np.mean(stats["pg"])),
             "loss/value_avg": float(np.mean(stats["vf"])),
             "policy/clipfrac_avg": float(np.mean(stats["pg_clip"])),
@@ -434,9 +457,7 @@ class PPOTrainer:
         pg, pg_stats = policy_loss(
             new_logprobs, mb["old_logprobs"], mb["advantages"], mb["action_mask"], a.cliprange
         )
-        vf, vf_stats = value_loss(
-            vpred, mb["old_values"], mb["returns"], mb["action_mask"], a.cliprange_value
-        )
+        vf, vf_stats = value_loss(vpred, mb["old_values"], mb["returns"], mb["action_mask"], a.value_clip)
         # Each micro-batch's masked mean weighted by its share of the mini-batch's action tokens: the sum
         # equals the token-level mean over the whole (global) mini-batch.
         weight = mb["action_mask"].sum() / mb_tokens.to(self.device)
@@ -467,33 +488,9 @@ class PPOTrainer:
 
     # --- evaluation on held-out rows: the loop `searchrl eval` runs ---
     def evaluate(self, rows: list[dict] | None = None, seed: int = 0) -> dict[str, float]:
-        """Dev evaluation at `eval_temperature` (`evaluate_during_training`, the loop every trainer and
-        `searchrl eval` share); writes `RUN/eval/step-N.json` with `episode` and the clocks.
-
-        Its time does not count as training time (`time/train_s`); callbacks get `on_evaluate`.
-        """
-        rows = rows if rows is not None else self.eval_rows[: self.args.num_eval_questions]
-        if not rows:
-            return {}
-        eval_config = replace(self.generator.config, temperature=self.args.eval_temperature)
-        # Evaluation time is not training time; the clock is read as the evaluation begins, as GRPO's.
-        gathered = gathered_for_generation(self.wrapped_model, self.accelerator, self.uses_deepspeed)
-        with self.training_clock.evaluating() as clock, torch.no_grad(), gathered:
-            out = evaluate_during_training(
-                self.policy,
-                self.tokenizer,
-                rows,
-                self.env_factory,
-                eval_config,
-                rubric=self.rubric,
-                batch_size=self.args.local_batch_size,
-                seed=seed,
-                generator=self.generator,  # the trainer's own engine (HF or vLLM)
-            )
-        if self.is_main:  # every rank evaluates the same rows with the same weights and seeds
-            self.run.write_eval(self.global_step, {"episode": self.episode, **clock, **out})
-        self._callback("on_evaluate", metrics=out)
-        return out
+        """Dev evaluation at `eval_temperature` on `rows` (default: the first `num_eval_questions` dev rows),
+        written as `RUN/eval/step-N.json`; its time is not training time (`ppo/dev_eval.py`)."""
+        return dev_eval.evaluate(self, rows, seed)
 
     def clock(self) -> dict[str, float]:
         """`time/train_s` (training seconds so far, evaluation excluded, earlier sessions included) and
@@ -515,7 +512,7 @@ class PPOTrainer:
         checkpointing.start_or_resume(self, resume)
         self._callback("on_train_begin")
         if a.eval_on_start and self.global_step == 0 and self.eval_rows:
-            self._evaluate_on_start()
+            dev_eval.evaluate_on_start(self)
         with progress_bar(
             self.num_total_batches, self.global_step, a.progress_bar and self.is_main
         ) as progress:
@@ -572,15 +569,6 @@ class PPOTrainer:
         self.training_clock.stop()
         self._callback("on_train_end")
         return self.last_metrics
-
-    def _evaluate_on_start(self) -> None:
-        """`eval_on_start`: the starting policy measured before the first update, as `eval/step-0.json` and
-        a step-0 metrics line (episode 0, training clock 0), like GRPO's runs and transformers' Trainer."""
-        line = {"step": 0, "episode": self.episode, **self.clock(), **self.evaluate()}
-        if self.is_main:
-            self.run.log_metrics(line)
-        checkpointing.save_after_step(self, line)  # the warm start itself may stay the best policy of the run
-        self._callback("on_log", logs=line)
 
     def _callback(self, event: str, **kwargs: Any) -> None:
         """transformers callbacks (`ppo/callbacks.py`): the `report_to` integrations and the user's own."""
