@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -242,6 +243,21 @@ def test_config_loads_every_mode(tmp_path):
         assert cfg.rollout_is_mode == mode and cfg.rollout_is_clip_max == 3.0
     cfg = PPOConfig(rollout_is_mode="sequence_mask", rollout_is_clip_max=2.0, rollout_is_clip_min=0.5)
     assert RolloutIS.of(cfg) == RolloutIS("sequence_mask", 2.0, 0.5)
+
+
+def test_the_vllm_configs_start_from_truncation_at_two_and_the_paper_recipes_stay_uncorrected():
+    from searchrl.demo.configs import RealDemoConfig
+
+    root = Path(__file__).resolve().parents[1] / "configs"
+    full = load_config(PPOConfig, root / "real" / "qwen2.5-3b_ppo.yaml")
+    lora = load_config(RealDemoConfig, root / "real" / "demo_real_qwen2.5-3b.yaml").ppo_config()
+    for cfg in (full, lora):
+        assert cfg.rollout_backend == "vllm"
+        assert (cfg.rollout_is_mode, cfg.rollout_is_clip_max) == ("token_truncate", 2.0)
+    for name in ("qwen2.5-3b_ppo.yaml", "qwen2.5-7b_ppo.yaml"):  # Search-R1 as published: no correction
+        cfg = load_config(PPOConfig, root / "search_r1" / name)
+        assert cfg.rollout_backend == "vllm" and cfg.rollout_is_mode == "none"
+        assert "# rollout_is_mode: token_truncate" in (root / "search_r1" / name).read_text()
 
 
 # --------------------------------------------------------------------------------------------------
