@@ -8,7 +8,9 @@ dataclass, not a `transformers.TrainingArguments` subclass: TRL's base config tu
 default (`bf16=None` resolved to `not fp16`), which breaks CPU runs, and most TrainingArguments fields
 meant nothing to TRL's PPO loop anyway. What is new: adaptive KL (`kl_target`, `kl_horizon`), a
 gradient clip that is really applied, a separate value learning rate, rollout limits for multi-turn
-tool use, and the collapse guard.
+tool use, the collapse guard, and importance weights for a sampler that disagrees with the trainer
+(`rollout_is_mode`, `rollout_is_clip_max`, `rollout_is_clip_min`; names after verl's `rollout_is` and TRL's
+`vllm_importance_sampling_*`).
 
 How it is put together: the settings every trainer shares (run directory and cadence, model, data, search,
 environment, sampling and the rollout engine, batch and optimiser) are the sections of `searchrl.sections`, declared and checked
@@ -49,6 +51,16 @@ from searchrl.sections import (
 KL_ESTIMATORS: tuple[str, ...] = ("k1", "k2", "k3")
 VALUE_MODES = ("separate", "shared_backbone")
 MIXED_PRECISION_MODES = ("no", "bf16", "fp16")
+# How the policy loss corrects for a sampler that disagrees with the trainer (`ppo.rollout_is`): "none", or
+# one of TRL 1.16's `vllm_importance_sampling_mode` values.
+ROLLOUT_IS_MODES: tuple[str, ...] = (
+    "none",
+    "token_truncate",
+    "token_mask",
+    "sequence_truncate",
+    "sequence_mask",
+)
+RolloutISMode = Literal["none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask"]
 
 
 @dataclass
@@ -114,6 +126,37 @@ class PPOSection(RunSection, TrainingSection):
     local_rollout_forward_batch_size: int = field(
         default=64,
         metadata=help_text("Chunk size of the no-grad forward passes (reference logprobs, values, scores)."),
+    )
+
+    # --- a sampler that disagrees with the trainer: importance weights (Yao et al. 2025; ppo/rollout_is.py) ---
+    rollout_is_mode: RolloutISMode = field(
+        default="none",
+        metadata=help_text(
+            "Correct the policy loss for a sampler (vLLM, a bf16 KV cache) whose logprobs differ from the "
+            "trainer's: each action token's clipped surrogate is weighted by r = exp(old_logprobs - "
+            'rollout_logprobs), detached. "none": no weight (the default); "token_truncate": min(r, '
+            "rollout_is_clip_max), the truncated importance sampling of Yao et al. 2025 (verl's "
+            'rollout_is=token); "token_mask": r, or 0 outside [rollout_is_clip_min, rollout_is_clip_max]; '
+            '"sequence_truncate" / "sequence_mask": one r per trajectory (the product over its action '
+            "tokens) truncated or masked the same way. The names are TRL 1.16's "
+            "vllm_importance_sampling_mode. The rollout_is/* metrics are logged in every mode."
+        ),
+    )
+    rollout_is_clip_max: float = field(
+        default=2.0,
+        metadata=help_text(
+            "The cap C of the importance ratio, >= 1: truncate modes use min(r, C), mask modes drop r > C. "
+            "2.0 is Yao et al.'s and verl's rollout_is_threshold; TRL's vllm_importance_sampling_clip_max "
+            "is 3.0."
+        ),
+    )
+    rollout_is_clip_min: float | None = field(
+        default=None,
+        metadata=help_text(
+            "Mask modes only: ratios below this (in (0, 1)) get weight 0, TRL's "
+            "vllm_importance_sampling_clip_min and verl's rollout_is_threshold_lower; null: no lower bound. "
+            "Truncate modes refuse it (they keep Yao et al.'s min(r, C))."
+        ),
     )
 
     # --- batch arithmetic (TRL 1.12; the batch sizes are TrainingSection's) ---
@@ -291,6 +334,7 @@ class PPOSection(RunSection, TrainingSection):
         self._check_optimisation()
         self._check_counts()
         self._check_collapse_guard()
+        self._check_rollout_is()
 
     # --- derived values ----------------------------------------------------------------------------
     @property
@@ -475,6 +519,33 @@ class PPOSection(RunSection, TrainingSection):
             value = getattr(self, name)
             require(isinstance(value, int) and value >= 1, name, value, "must be an integer >= 1")
         require(self.num_train_epochs > 0, "num_train_epochs", self.num_train_epochs, "must be > 0")
+
+    def _check_rollout_is(self) -> None:
+        require_choice(self.rollout_is_mode, "rollout_is_mode", ROLLOUT_IS_MODES)
+        clip_max, clip_min = self.rollout_is_clip_max, self.rollout_is_clip_min
+        require(
+            isinstance(clip_max, int | float) and not isinstance(clip_max, bool) and clip_max >= 1,
+            "rollout_is_clip_max",
+            clip_max,
+            "must be a number >= 1 (a cap below 1 shrinks tokens the sampler and trainer agree on; Yao et al. "
+            "and verl use 2.0)",
+        )
+        if clip_min is None:
+            return
+        require(
+            isinstance(clip_min, int | float) and not isinstance(clip_min, bool) and 0 < clip_min < 1,
+            "rollout_is_clip_min",
+            clip_min,
+            "must be in (0, 1), or null for no lower bound",
+        )
+        require(
+            self.rollout_is_mode in ("none", "token_mask", "sequence_mask"),
+            "rollout_is_clip_min",
+            clip_min,
+            f"applies to the mask modes only: rollout_is_mode={self.rollout_is_mode!r} truncates from above "
+            "(min(r, C), Yao et al. 2025); set rollout_is_clip_min to null, or rollout_is_mode to token_mask "
+            "or sequence_mask",
+        )
 
 
 @dataclass

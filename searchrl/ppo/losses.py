@@ -5,7 +5,8 @@ glue and padding positions contribute nothing to the loss *or to its gradient*, 
 logprobs, advantages or values there hold (inputs are selected with `torch.where` before any
 arithmetic, so even NaN at a masked position stays out). The formulas are TRL 1.12's:
 
-- policy: `mean(max(-A * ratio, -A * clip(ratio, 1 - eps, 1 + eps)))`, `ratio = exp(logp - logp_old)`;
+- policy: `mean(max(-A * ratio, -A * clip(ratio, 1 - eps, 1 + eps)))`, `ratio = exp(logp - logp_old)`, each
+  token's term optionally times a weight (`rollout_is`: the sampler/trainer importance weight);
 - value: `0.5 * mean(max((V - R)^2, (clip(V, V_old - c, V_old + c) - R)^2))`.
 
 Each returns `(loss, stats)`: the scalar loss to back-propagate and a dict of detached 0-dim
@@ -26,20 +27,35 @@ def policy_loss(
     advantages: torch.Tensor,
     mask: torch.Tensor,
     cliprange: float,
+    weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Clipped surrogate loss over action tokens; stats `clipfrac`, `approxkl`, `ratio` (all masked means).
 
     `approxkl` is `0.5 * mean((logp - logp_old)^2)` (the k2 estimator of KL(old || new), TRL's
     `policy/approxkl_avg`); `clipfrac` the share of action tokens where the clipped term won.
+
+    `weights` (optional, `(batch, T)`, detached): a per-token factor on the clipped surrogate, e.g. the
+    truncated importance weights of `searchrl.ppo.rollout_is` for a sampler that disagrees with the trainer.
+    The loss is then `mean(w_t * max(...))` over the same action tokens (a weight of 0 keeps its token in the
+    denominator, as TRL and verl do), so its gradient is `w_t` times the unweighted one, token by token.
+    None (the default) gives exactly the unweighted loss. The statistics stay unweighted.
     """
     _check_positive(cliprange, "cliprange")
-    valid = _mask_for(mask, logprobs, old_logprobs=old_logprobs, advantages=advantages)
+    others = {"old_logprobs": old_logprobs, "advantages": advantages}
+    if weights is not None:
+        others["weights"] = weights
+    valid = _mask_for(mask, logprobs, **others)
     log_ratio = torch.where(valid, logprobs - old_logprobs.detach(), torch.zeros_like(logprobs))
     advantages = torch.where(valid, advantages.detach(), torch.zeros_like(advantages))
     ratio = torch.exp(log_ratio)
     unclipped = -advantages * ratio
     clipped = -advantages * torch.clamp(ratio, 1.0 - cliprange, 1.0 + cliprange)
-    loss = masked_mean(torch.maximum(unclipped, clipped), valid)
+    per_token = torch.maximum(unclipped, clipped)
+    if weights is not None:
+        per_token = per_token * torch.where(valid, weights.detach(), torch.zeros_like(weights)).to(
+            per_token.dtype
+        )
+    loss = masked_mean(per_token, valid)
     with torch.no_grad():
         stats = {
             "clipfrac": masked_mean((clipped > unclipped).float(), valid),

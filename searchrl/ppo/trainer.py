@@ -79,6 +79,7 @@ from searchrl.ppo.modeling import (
 )
 from searchrl.ppo.optim import clip_and_step, optimizer_and_scheduler
 from searchrl.ppo.value_replay import ValueReplay, fit_critic_on_replay
+from searchrl.ppo.rollout_is import RolloutIS
 from searchrl.rewards.qa import answered_right
 from searchrl.rollout.backends import RolloutBackend, make_generator, sync_engine_weights
 from searchrl.rollout.stats import scored_episode_stats
@@ -370,6 +371,8 @@ class PPOTrainer:
             "val/explained_variance": masked_explained_variance(values, returns, action_mask),
             "val/explained_variance_mc": masked_explained_variance(values, mc_returns, action_mask),
             "rollout/logprob_max_abs_diff": float(logprob_gap.max()),
+            # the sampler's logprobs against the trainer's (`rollout_is/*`, every mode; ppo/rollout_is.py)
+            **RolloutIS.of(a).metrics(old_logprobs, batch["rollout_logprobs"], action_mask),
             "rollout/action_tokens_per_episode": float(n_action.mean()),
             "rollout/seconds": t_rollout,
             "tokens_per_second": float(batch["attention_mask"].sum()) / max(time.perf_counter() - t0, 1e-9),
@@ -454,8 +457,12 @@ class PPOTrainer:
         with self._autocast():
             logits, vpred = self.wrapped_model(mb["input_ids"], mb["attention_mask"])
         new_logprobs = token_logprobs(logits, mb["input_ids"], a.temperature, a.top_k, a.top_p)
+        # The sampler drew these tokens, not the trainer: `rollout_is_mode` weights each token's clipped surrogate
+        # by min(pi_old / pi_sampler, C) or a masked variant (Yao et al. 2025; None with "none"). The policy
+        # loss only: the value loss regresses onto sampled returns (ppo/rollout_is.py says why in full).
+        is_weights = RolloutIS.of(a).weights(mb["old_logprobs"], mb["rollout_logprobs"], mb["action_mask"])
         pg, pg_stats = policy_loss(
-            new_logprobs, mb["old_logprobs"], mb["advantages"], mb["action_mask"], a.cliprange
+            new_logprobs, mb["old_logprobs"], mb["advantages"], mb["action_mask"], a.cliprange, is_weights
         )
         vf, vf_stats = value_loss(vpred, mb["old_values"], mb["returns"], mb["action_mask"], a.value_clip)
         # Each micro-batch's masked mean weighted by its share of the mini-batch's action tokens: the sum
