@@ -78,8 +78,8 @@ from searchrl.ppo.modeling import (
     token_logprobs,
 )
 from searchrl.ppo.optim import clip_and_step, optimizer_and_scheduler
-from searchrl.ppo.value_replay import ValueReplay, fit_critic_on_replay
 from searchrl.ppo.rollout_is import RolloutIS
+from searchrl.ppo.value_replay import ValueReplay, fit_critic_on_replay
 from searchrl.rewards.qa import answered_right
 from searchrl.rollout.backends import RolloutBackend, make_generator, sync_engine_weights
 from searchrl.rollout.stats import scored_episode_stats
