@@ -126,9 +126,11 @@ def parse_set(pairs: Sequence[str]) -> dict[str, Any]:
     from searchrl.ppo.commands import parse_set_options
 
     overrides = parse_set_options(list(pairs))
-    if overrides:
-        load_config(PPOConfig, None, overrides)  # an unknown field or a bad value fails here, named
-    return overrides
+    if not overrides:
+        return overrides
+    checked = load_config(PPOConfig, None, overrides)  # an unknown field or a bad value fails here, named
+    # The values as the config reads them: YAML takes `1e-3` for a string, PPOConfig's float field does not.
+    return {key: getattr(checked, key) for key in overrides}
 
 
 def ppo_args(

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 REQUIRED = ("exact_match", "f1", "citation_support", "searches_per_question", "tool_failure_rate")
 
@@ -98,6 +99,60 @@ def test_smoke_demo_writes_the_run_artifacts(smoke_run: Path) -> None:
         assert (smoke_run / f"grpo_{mode}" / "eval" / "step-0.json").exists()  # the shared warm start
     metrics = [json.loads(line) for line in (smoke_run / "ppo" / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics][:3] == [0, 1, 2]  # step 0: eval_on_start, the warm start
+
+
+def test_reuse_warm_start_reruns_what_follows_sft_on_the_same_warm_start(
+    smoke_run: Path, tmp_path: Path
+) -> None:
+    """`reuse_warm_start`: the expert and SFT stages are read back (not rerun), the warm start's files stay
+    as they were, its test figures come out the same, and PPO trains afresh from it to the same weights."""
+    import shutil
+
+    from safetensors.torch import load_file
+
+    from searchrl.common.config import load_config
+    from searchrl.demo.configs import DemoConfig
+    from searchrl.demo.pipeline import run_demo
+
+    out = tmp_path / "run"
+    shutil.copytree(smoke_run, out)
+    before = json.loads((out / "summary.json").read_text())
+    sft_bytes = (out / "sft" / "policy" / "model.safetensors").read_bytes()
+    first_ppo = {p.relative_to(out): load_file(p) for p in (out / "ppo").rglob("*.safetensors")}
+    cfg = load_config(DemoConfig, out / "demo_config.yaml")
+    cfg = dataclasses.replace(cfg, out_dir=str(out), compare_grpo=False, reuse_warm_start=True)
+    summary = run_demo(cfg)
+
+    assert summary["warm_start"]["reused"] is True
+    assert "sft" not in summary["stages_seconds"] and "expert" not in summary["stages_seconds"]
+    assert summary["warm_start"]["stages_seconds_when_trained"]["sft"] == before["stages_seconds"]["sft"]
+    assert summary["num_demonstrations"] == before["num_demonstrations"]
+    assert (out / "sft" / "policy" / "model.safetensors").read_bytes() == sft_bytes
+    assert summary["sft"]["test"]["exact_match"] == before["sft"]["test"]["exact_match"]
+    assert summary["sft"]["final_loss"] == before["sft"]["final_loss"]
+    assert not (out / "grpo_trl_loop").exists()  # what followed SFT in the first run is gone
+    metrics = [json.loads(line) for line in (out / "ppo" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == sorted({m["step"] for m in metrics})  # one run, not two appended
+    again = {p.relative_to(out): load_file(p) for p in (out / "ppo").rglob("*.safetensors")}
+    assert again.keys() == first_ppo.keys() and again
+    for rel, tensors in again.items():
+        for name, tensor in tensors.items():
+            assert torch.allclose(tensor, first_ppo[rel][name], atol=1e-5), (rel, name)
+
+
+def test_reuse_warm_start_refuses_a_warm_start_trained_with_other_settings(smoke_run: Path) -> None:
+    from searchrl.common.config import load_config
+    from searchrl.demo.configs import DemoConfig
+    from searchrl.demo.reuse import find_warm_start
+
+    cfg = load_config(DemoConfig, smoke_run / "demo_config.yaml")
+    same, why = find_warm_start(dataclasses.replace(cfg, num_threads=1, test_questions=3), smoke_run)
+    assert same is not None and why == ""
+    other_sft = dataclasses.replace(cfg, sft=dataclasses.replace(cfg.sft, learning_rate=1e-4))
+    assert find_warm_start(other_sft, smoke_run) == (None, f"{smoke_run / 'demo_config.yaml'} trained its "
+                                                    "warm start with other settings: sft")  # fmt: skip
+    found, why = find_warm_start(cfg, smoke_run / "nowhere")
+    assert found is None and "no finished warm start" in why and "sft/policy" in why
 
 
 def test_demo_refuses_mismatched_expert_and_search_depth_before_writing_anything(tmp_path: Path) -> None:

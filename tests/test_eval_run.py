@@ -129,7 +129,10 @@ def test_the_dev_loop_both_trainers_run_samples_each_chunk_with_its_own_seed(wor
 
     engine = RecordingGenerator(policy, tok, config)
     kwargs = {"rubric": default_rubric(), "batch_size": 2, "seed": 7}
-    line = evaluate_during_training(policy, tok, rows, env, config, generator=engine, **kwargs)
+    answers: dict[str, str] = {}
+    line = evaluate_during_training(
+        policy, tok, rows, env, config, generator=engine, answers_out=answers, **kwargs
+    )
     assert seeds == [(7, 1.0), (9, 1.0)]  # sampled at the given temperature, not greedily
     assert engine.config == config  # the trainer's engine keeps its own config: the sampling went per call
     assert set(line) == {"eval/exact_match", "eval/f1", "eval/searches_per_question", "eval/reward"}
@@ -137,6 +140,9 @@ def test_the_dev_loop_both_trainers_run_samples_each_chunk_with_its_own_seed(wor
     direct = HFGenerator(policy, tok, dataclasses.replace(config, seed=9)).rollout([env(), env()], rows[2:])
     assert [t.input_ids for t in result.trajectories[2:]] == [t.input_ids for t in direct.trajectories]
     assert line["eval/reward"] == pytest.approx(sum(t.reward for t in result.trajectories) / 4)
+    # answers_out: each question's answer by position and text (PPO's learning check compares them)
+    assert answers == {f"{i}:{t.question}": t.answer or "" for i, t in enumerate(result.trajectories)}
+    assert len(answers) == len(rows)
     unscored = evaluate_during_training(policy, tok, rows, env, config, batch_size=2, seed=7)
     assert "eval/reward" not in unscored and unscored["eval/f1"] == line["eval/f1"]
 

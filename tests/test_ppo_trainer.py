@@ -597,3 +597,28 @@ def test_invariant_14_search_r1_stop_strings_count_as_the_stop(world, tmp_path):
     assert trainer.ends_with_stop(traj)
     batch = collate_trajectories([traj], world["tok"].pad_token_id)
     assert float(trainer.score([traj], batch)[0]) == pytest.approx(LikedTokens().score(traj)[0])
+
+
+def test_a_run_whose_greedy_answers_never_change_says_it_is_not_learning(world, tmp_path):
+    """The learning check in a real run: with a learning rate too small to move a weight, no dev answer
+    changes, KL stays 0, and from half of training on each evaluation flags `eval/not_learning`; a run
+    whose policy moves (a large learning rate: KL well above the threshold) is never flagged."""
+
+    def run(name: str, lr: float) -> dict[int, dict]:
+        trainer = make_trainer(
+            world, tmp_path / name, total_episodes=12, learning_rate=lr, value_learning_rate=lr,
+            eval_on_start=True, eval_steps=1, num_eval_questions=4, eval_dataset=QA, eval_temperature=0.0,
+            kl_coef=0.0,
+        )  # fmt: skip
+        trainer.train()
+        files = (tmp_path / name / "run" / "eval").glob("step-*.json")
+        return {json.loads(f.read_text())["step"]: json.loads(f.read_text()) for f in files}
+
+    flat = run("flat", 1e-12)
+    assert sorted(flat) == [0, 1, 2, 3]
+    assert all(e["eval/answers_changed"] == 0.0 for e in flat.values())
+    assert [flat[s]["eval/not_learning"] for s in sorted(flat)] == [0.0, 0.0, 1.0, 1.0]  # steps 2, 3 of 3
+    moved = run("moved", 0.3)  # this tiny policy answers nothing either way, but it moves: KL says so
+    kls = [json.loads(line).get("objective/kl") for line in (tmp_path / "moved/run/metrics.jsonl").open()]
+    assert sum(k for k in kls if k is not None) / len([k for k in kls if k is not None]) >= 0.01
+    assert all(e["eval/not_learning"] == 0.0 for e in moved.values())

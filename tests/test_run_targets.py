@@ -371,6 +371,20 @@ def test_report_of_the_demo_shows_the_figures_next_to_exact_match(demo, tmp_path
         f"last {kls[-1][1]:.4g} (step {kls[-1][0]})",
     ]
     assert training["dev exact match (eval/exact_match)"][0].endswith("at step 2")
+    changed = [(m["step"], m["eval/answers_changed"]) for m in metrics if "eval/answers_changed" in m]
+    stalled = any(m.get("eval/not_learning") for m in metrics)
+    assert training["dev answers changed since the start (eval/answers_changed)"] == [
+        f"{changed[-1][1]:.2f} at step {changed[-1][0]}",
+        training["dev answers changed since the start (eval/answers_changed)"][1],
+    ]
+    assert training["dev answers changed since the start (eval/answers_changed)"][1].startswith(
+        "NOT LEARNING" if stalled else "learning"
+    )
+    evs = [m["val/explained_variance"] for m in metrics if "val/explained_variance" in m]
+    second_half = evs[len(evs) // 2 :]
+    assert training["critic: val/explained_variance"][0] == (
+        f"mean {sum(second_half) / len(second_half):.2f} over the second half"
+    )
     assert "Audit of SFT policy · hidden test split" in page and "Audit of PPO policy" in page
     assert "sft-test.json" in page and "ppo-test.json" in page  # their tables by hop count
     assert xlabels and set(xlabels) == {"PPO step"} and "x axis: PPO step" in page

@@ -44,6 +44,12 @@ def register(app: typer.Typer) -> None:
             help="Also train GRPO (TRL's loop and our rollout) from the same warm start on PPO's budget and "
             "draw the three side by side in report.html.",
         ),
+        reuse_warm_start: bool = typer.Option(
+            False,
+            "--reuse-warm-start",
+            help="Keep the SFT warm start --out already holds when it was trained with the same settings (every "
+            "stage after SFT runs again: for PPO changes); otherwise run every stage.",
+        ),
     ) -> None:
         """Run the offline demo: synthesise the task, index it, build and warm-start the tiny model, PPO, evaluate."""
         # Every stage's libraries (torch, trl, bm25s, ...): loaded when the demo runs, not for --help.
@@ -51,8 +57,9 @@ def register(app: typer.Typer) -> None:
         from searchrl.demo.pipeline import run_demo
 
         if real or (config is not None and is_real_demo_yaml(config)):
-            if compare_grpo:
-                raise typer.BadParameter("--compare-grpo belongs to the synthetic demo, not the real loop")
+            if compare_grpo or reuse_warm_start:
+                flag = "--compare-grpo" if compare_grpo else "--reuse-warm-start"
+                raise typer.BadParameter(f"{flag} belongs to the synthetic demo, not the real loop")
             _run_real(config, smoke, out, seed, quiet)
             return
         if config is not None:
@@ -61,7 +68,14 @@ def register(app: typer.Typer) -> None:
             cfg = smoke_config()
         else:
             cfg = DemoConfig()
-        cfg = _with_options(cfg, out, seed, quiet, compare_grpo=True if compare_grpo else None)
+        cfg = _with_options(
+            cfg,
+            out,
+            seed,
+            quiet,
+            compare_grpo=True if compare_grpo else None,
+            reuse_warm_start=True if reuse_warm_start else None,
+        )
         summary = run_demo(cfg)
         headline = {
             "sft.test.exact_match": summary["sft"]["test"]["exact_match"],

@@ -172,6 +172,15 @@ class DemoConfig:
         },
     )
     progress_bar: bool = field(default=True, metadata={"help": "Show a progress line per stage."})
+    reuse_warm_start: bool = field(
+        default=False,
+        metadata={
+            "help": "Keep the SFT warm start out_dir already holds when its demo_config.yaml has the same "
+            "warm-start settings (all but out_dir, test_questions, num_threads, ppo, compare_grpo): the expert "
+            "and SFT stages are read back, every later stage runs again (for PPO changes; "
+            "`searchrl.demo.reuse`). Otherwise every stage runs, and the demo says why."
+        },
+    )
 
     def ppo_config(self) -> PPOConfig:
         """The PPO stage's settings (`stage_ppo_config`): what PPO trains with and every evaluation's limits."""

@@ -62,13 +62,14 @@ from searchrl.common.trajectory import write_trajectories
 from searchrl.data.synthetic import generate, practice_world, preset_config
 from searchrl.demo.configs import DemoConfig, check_demo_config
 from searchrl.demo.layouts import GRPO_LABELS, synthetic_demo_layout
+from searchrl.demo.reuse import ReusedWarmStart, clear_after_warm_start, find_warm_start
 from searchrl.demo.stages import StageProgress, StageRunner
-from searchrl.demo.summary import headline, stage_figures
+from searchrl.demo.summary import headline, learning_figures, stage_figures
 from searchrl.env.environment import SearchEnvironment
 from searchrl.evaluation.loop import evaluate_with_ppo_limits
 from searchrl.evaluation.report import write_report
 from searchrl.grpo.warm_start import final_policy_dir, train_grpo_from_warm_start
-from searchrl.models.io import load_policy, save_model_dir
+from searchrl.models.io import load_policy, load_tokenizer, save_model_dir
 from searchrl.models.tiny import build_policy, tokenizer_training_texts, train_tokenizer
 from searchrl.ppo.trainer import PPOTrainer
 from searchrl.rewards.combine import default_rubric
@@ -95,6 +96,7 @@ class DemoWorld:
     policy: Any
     demos: list
     env_config: Any
+    num_demonstrations: int = 0
 
     def env_factory(self) -> SearchEnvironment:
         return SearchEnvironment(self.backend, self.env_config, tokenizer=self.tokenizer)
@@ -104,8 +106,13 @@ class DemoWorld:
         return SearchEnvironment(FindsNothing(), self.env_config, tokenizer=self.tokenizer)
 
 
-def prepare_world(cfg: DemoConfig, out: Path, runner: StageRunner) -> DemoWorld:
-    """Stages 1-4: data, index, tokenizer and policy, expert demonstrations (written under `out`)."""
+def prepare_world(
+    cfg: DemoConfig, out: Path, runner: StageRunner, reused: ReusedWarmStart | None = None
+) -> DemoWorld:
+    """Stages 1-4: data, index, tokenizer and policy, expert demonstrations (written under `out`).
+
+    With `reused` (`searchrl.demo.reuse`), stages 3 and 4 read the warm start back instead: its tokenizer and
+    SFT policy, and no demonstrations (only their count)."""
     data_dir = out / "data"
 
     # 1. data ------------------------------------------------------------------------------------
@@ -126,6 +133,13 @@ def prepare_world(cfg: DemoConfig, out: Path, runner: StageRunner) -> DemoWorld:
     backend.search(["warm up"], 1)  # compile the numba scorer before any deadline runs
 
     env_config = cfg.environment.env_config()  # one environment for demonstrations, training and evaluation
+
+    if reused is not None:
+        tok, policy = runner.run(
+            "models", lambda: (load_tokenizer(reused.policy_dir), load_policy(reused.policy_dir))
+        )
+        return DemoWorld(task, train_rows, dev_rows, test_rows, backend, tok, policy, [], env_config,
+                         num_demonstrations=reused.num_demonstrations)  # fmt: skip
 
     # 3. models ----------------------------------------------------------------------------------
     def make_models():
@@ -166,7 +180,9 @@ def prepare_world(cfg: DemoConfig, out: Path, runner: StageRunner) -> DemoWorld:
         return demos
 
     demos = runner.run_with_progress("expert", make_demos, total=1 + cfg.practice_worlds)
-    return DemoWorld(task, train_rows, dev_rows, test_rows, backend, tok, policy, demos, env_config)
+    return DemoWorld(
+        task, train_rows, dev_rows, test_rows, backend, tok, policy, demos, env_config, len(demos)
+    )
 
 
 def run_demo(cfg: DemoConfig) -> dict[str, Any]:
@@ -177,10 +193,11 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
     torch.manual_seed(cfg.seed)
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    reused = _warm_start_to_reuse(cfg, out)  # before this run's config replaces the saved one
     save_config(cfg, out / "demo_config.yaml")
     layout = synthetic_demo_layout(cfg.compare_grpo)
     write_layout(out, layout)  # now, so that a running demo can be viewed
-    world = prepare_world(cfg, out, runner)
+    world = prepare_world(cfg, out, runner, reused)
     tok, demos = world.tokenizer, world.demos
     rubric = default_rubric()
 
@@ -193,24 +210,31 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
         )
 
     # 5. SFT warm start ------------------------------------------------------------------------------
-    sft_cfg = dataclasses.replace(cfg.sft, seed=cfg.seed, output_dir=str(out / "sft" / "trainer"))
-    sft = runner.run_with_progress(
-        "sft",
-        lambda progress: run_sft(world.policy, tok, demos, sft_cfg, callbacks=[progress.trainer_callback()]),
-        total=sft_total_steps(sft_cfg, len(demos)),
-    )
-    sft_dir = save_model_dir(sft.policy, tok, out / "sft" / "policy")
+    if reused is None:
+        sft_cfg = dataclasses.replace(cfg.sft, seed=cfg.seed, output_dir=str(out / "sft" / "trainer"))
+        sft = runner.run_with_progress(
+            "sft",
+            lambda progress: run_sft(
+                world.policy, tok, demos, sft_cfg, callbacks=[progress.trainer_callback()]
+            ),
+            total=sft_total_steps(sft_cfg, len(demos)),
+        )
+        sft_policy, sft_losses = sft.policy, sft.losses
+        sft_dir = save_model_dir(sft_policy, tok, out / "sft" / "policy")
+    else:
+        sft_policy, sft_dir = world.policy, reused.policy_dir
+        sft_losses = [] if reused.final_loss is None else [reused.final_loss]
 
     # 6. evaluate the warm start on the hidden test split, and closed-book (the leak check) ---------------
-    sft_summary, sft_trajs = evaluate("eval sft", sft.policy, world.env_factory)
+    sft_summary, sft_trajs = evaluate("eval sft", sft_policy, world.env_factory)
     write_evaluation(out / "eval" / "sft-test.json", sft_summary, sft_trajs)
-    closed_summary, _ = evaluate("closed book", sft.policy, world.closed_book_env)
+    closed_summary, _ = evaluate("closed book", sft_policy, world.closed_book_env)
     write_evaluation(out / "eval" / "sft-test-closed-book.json", closed_summary)
 
     # 7. PPO from the warm start -----------------------------------------------------------------------
     ppo_args = cfg.ppo_config()
     trainer = runner.run_with_progress(
-        "ppo", lambda progress: _train_ppo(ppo_args, world, sft.policy, rubric, progress)
+        "ppo", lambda progress: _train_ppo(ppo_args, world, sft_policy, rubric, progress)
     )
 
     # 8. evaluate PPO on the same split -----------------------------------------------------------------
@@ -222,12 +246,18 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
         "sft": {
             "test": headline(sft_summary),
             "closed_book_test": headline(closed_summary),
-            "final_loss": sft.losses[-1] if sft.losses else None,
+            "final_loss": sft_losses[-1] if sft_losses else None,
         },
-        "ppo": {"test": headline(ppo_summary), "steps": trainer.global_step, "episodes": trainer.episode},
+        "ppo": {
+            "test": headline(ppo_summary),
+            "steps": trainer.global_step,
+            "episodes": trainer.episode,
+            "learning": learning_figures(out / "ppo"),
+        },
         **stage_figures(runner),
         **runner.totals(),
-        "num_demonstrations": len(demos),
+        "num_demonstrations": world.num_demonstrations,
+        "warm_start": reused.to_summary() if reused is not None else {"reused": False},
         "practice_worlds": cfg.practice_worlds,
         "test_questions": len(world.test_rows),
         "manifest": build_manifest(
@@ -258,6 +288,19 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
     summary.update(stage_figures(runner), **runner.totals())
     write_layout(out, layout, summary)
     return summary
+
+
+def _warm_start_to_reuse(cfg: DemoConfig, out: Path) -> ReusedWarmStart | None:
+    """`reuse_warm_start`: the folder's warm start when it may be reused (then what came after it is removed);
+    otherwise None, after saying why on stderr."""
+    if not cfg.reuse_warm_start:
+        return None
+    reused, why_not = find_warm_start(cfg, out)
+    if reused is None:
+        print(f"reuse_warm_start: {why_not}; running every stage", file=sys.stderr)
+        return None
+    clear_after_warm_start(out)
+    return reused
 
 
 def _evaluate_test_split(

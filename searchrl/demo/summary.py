@@ -4,7 +4,7 @@ What: `headline(summary)` keeps, of an evaluation summary (`searchrl.evaluation.
 demo's `summary.json` reports per stage: the number of questions, the headline metrics with their 95%
 intervals, the termination shares, and the same per hop count (and, for the real loop, per question type and
 the share of well-formed tool calls). `stage_figures(runner)` is each stage's wall and CPU seconds and peak
-RSS. `real_demo_summary` assembles the real loop's summary: baselines, SFT, PPO, the improvement, the targets
+RSS; `learning_figures(run)` whether its PPO run learned. `real_demo_summary` assembles the real loop's summary: baselines, SFT, PPO, the improvement, the targets
 of issue 17 and the run manifest.
 
 Why here: both demos reported their evaluations through their own copy of the headline; one function keeps
@@ -14,6 +14,7 @@ the two summaries' stage entries the same shape, so the report and the benchmark
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from searchrl.common.trajectory import Trajectory
@@ -21,6 +22,7 @@ from searchrl.demo.configs import REAL_KIND, RealDemoConfig
 from searchrl.demo.stages import StageRunner
 from searchrl.evaluation import HEADLINE_METRICS
 from searchrl.run.manifest import build_manifest
+from searchrl.run.reader import RunReader
 
 
 def headline_group(summary: dict[str, Any]) -> dict[str, Any]:
@@ -40,6 +42,26 @@ def headline(summary: dict[str, Any]) -> dict[str, Any]:
             out[key] = summary[key]
     out["by_hops"] = {h: headline_group(g) for h, g in summary.get("by_hops", {}).items()}
     return out
+
+
+def learning_figures(run_dir: Path) -> dict[str, Any]:
+    """Whether a PPO run learned (`searchrl.ppo.learning_check`), from its last dev evaluation and its
+    metrics: the share of dev answers changed since the first evaluation, the not-learning flag, the dev
+    exact match at the first and last evaluation, and the critic's explained variance over the second half."""
+    reader = RunReader(run_dir)
+    evals = reader.step_evaluations()
+    if not evals:
+        return {}
+    first, last = evals[min(evals)], evals[max(evals)]
+    steps = [m for m in reader.metrics() if "val/explained_variance" in m]
+    half = [float(m["val/explained_variance"]) for m in steps[len(steps) // 2 :]]
+    return {
+        "dev_exact_match_first": first.get("eval/exact_match"),
+        "dev_exact_match_last": last.get("eval/exact_match"),
+        "answers_changed": last.get("eval/answers_changed"),
+        "not_learning": bool(last.get("eval/not_learning", 0.0)),
+        "explained_variance_2nd_half": sum(half) / len(half) if half else None,
+    }
 
 
 def stage_figures(runner: StageRunner) -> dict[str, dict[str, float]]:

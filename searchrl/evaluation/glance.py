@@ -170,6 +170,30 @@ def training_glance_rows(metrics: Sequence[dict[str, Any]], trainer_label: str) 
         )
     else:
         rows.append(["objective/kl", missing, ""])
+    rows += learning_rows(metrics)
+    return rows
+
+
+def learning_rows(metrics: Sequence[dict[str, Any]]) -> list[list[str]]:
+    """Is the run learning (`searchrl.ppo.learning_check`) and does its critic explain the returns? PPO runs
+    only: the rows are left out where the metrics are not logged."""
+    rows: list[list[str]] = []
+    changed = _numbers(metrics, "eval/answers_changed")
+    if changed:
+        stalled = [step for step, flag in _numbers(metrics, "eval/not_learning") if flag]
+        verdict = (
+            f"NOT LEARNING since step {stalled[0]}: no dev answer changed, dev exact match flat, KL near 0; "
+            "raise the policy's learning_rate"
+            if stalled
+            else "learning"
+        )
+        rows.append(["dev answers changed since the start (eval/answers_changed)",
+                     f"{changed[-1][1]:.2f} at step {changed[-1][0]}", verdict])  # fmt: skip
+    ev = _numbers(metrics, "val/explained_variance")
+    if ev:
+        half = [v for _, v in ev[len(ev) // 2 :]]
+        rows.append(["critic: val/explained_variance", f"mean {sum(half) / len(half):.2f} over the second half",
+                     f"last {ev[-1][1]:.2f} (step {ev[-1][0]})"])  # fmt: skip
     return rows
 
 

@@ -135,6 +135,7 @@ def evaluate_during_training(
     batch_size: int = 16,
     seed: int = 0,
     generator: Any = None,
+    answers_out: dict[str, str] | None = None,
 ) -> dict[str, float]:
     """The periodic dev evaluation of every trainer (`PPOTrainer.evaluate`, GRPO's run callback).
 
@@ -143,6 +144,7 @@ def evaluate_during_training(
     caller writes `RUN/eval/step-N.json` (`RunDir.write_eval`) and keeps the clock. `generator` reuses a
     trainer's own rollout engine (HF or vLLM, its weights in sync; its config is left alone: each chunk's
     sampling goes with the call, its limits are the engine's); without one each chunk gets a fresh `HFGenerator`.
+    `answers_out` receives each question's answer, keyed by its position and text (PPO's learning check).
     """
 
     def own_engine(model: Any, tok: Any, config: GenerationConfig) -> Any:
@@ -162,6 +164,8 @@ def evaluate_during_training(
         generator_factory=own_engine if generator is not None else None,
         decode_greedy=False,
     )
+    if answers_out is not None:
+        answers_out.update({f"{i}:{t.question}": t.answer or "" for i, t in enumerate(result.trajectories)})
     return dev_metrics(result.trajectories)
 
 

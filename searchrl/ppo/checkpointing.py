@@ -118,6 +118,7 @@ def fill_checkpoint(trainer: Any, folder: Path) -> None:
         "guard": trainer.guard.state_dict(),
         "last_metrics": trainer.last_metrics,
         "rollbacks": trainer.rollbacks,
+        "learning": trainer.learning.state_dict(),
         "lr_scale": trainer.lr_scale,
         "best": trainer.best.best,
         **trainer.training_clock.reading(),
@@ -155,6 +156,7 @@ def load_checkpoint(trainer: Any, path: str | Path, restore_clock: bool = True) 
     trainer.guard.load_state_dict(state.get("guard", {}))
     trainer.last_metrics = state.get("last_metrics", {})
     trainer.rollbacks = int(state.get("rollbacks", 0))
+    trainer.learning.load_state_dict(state.get("learning"))
     trainer.lr_scale = float(state.get("lr_scale", 1.0))
     if restore_clock:
         trainer.best.restore(state.get("best"))

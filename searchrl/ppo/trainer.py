@@ -69,6 +69,7 @@ from searchrl.ppo.config import PPOConfig
 from searchrl.ppo.distributed import RankOps, configure_deepspeed, gathered_for_generation, seed_process
 from searchrl.ppo.guard import CollapseGuard, rescale_learning_rates
 from searchrl.ppo.kl import kl_penalty, make_kl_controller, per_sequence_kl
+from searchrl.ppo.learning_check import LearningCheck
 from searchrl.ppo.losses import policy_loss, value_loss
 from searchrl.ppo.modeling import (
     assemble_models,
@@ -206,6 +207,7 @@ class PPOTrainer:
         # are the first to measure them. It becomes the rollback target only when that check passes.
         self.unverified_checkpoint: Path | None = None
         self.last_metrics: dict[str, float] = {}
+        self.learning = LearningCheck()  # eval/answers_changed, eval/not_learning (`ppo/learning_check.py`)
         self.last_trajectories: list[Trajectory] = []
         self.rollbacks = 0  # collapse-guard rollbacks so far (checkpointed, so a resumed run keeps count)
         self.best = BestCheckpoint(self.run, args.best_metric)
