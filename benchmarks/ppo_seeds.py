@@ -72,10 +72,10 @@ def run_seed(spec: dict[str, Any]) -> dict[str, Any]:
 
     return {
         "seed": run.config.seed,
-        "dev_exact_match": curve(evals, "exact_match"),
+        "dev_exact_match": curve(evals, "eval/exact_match"),
         "dev_steps": [e.get("step") for e in evals],
-        "dev_start": evals[0]["exact_match"] if evals else None,
-        "dev_final": evals[-1]["exact_match"] if evals else None,
+        "dev_start": evals[0]["eval/exact_match"] if evals else None,
+        "dev_final": evals[-1]["eval/exact_match"] if evals else None,
         "explained_variance_2nd_half": mean_of("val/explained_variance", half),
         "explained_variance_mc_2nd_half": mean_of("val/explained_variance_mc", half),
         "explained_variance": curve(steps, "val/explained_variance_mc"),
