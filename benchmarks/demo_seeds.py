@@ -18,6 +18,7 @@ match after SFT and after PPO per seed, with the 95% intervals as whiskers.
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import sys
 from pathlib import Path
@@ -71,6 +72,11 @@ def seed_figures(run: Path) -> dict[str, Any]:
         "dev_curve": dev,
         "wall_seconds": summary["wall_seconds"],
         "peak_rss_mb": summary["peak_rss_mb"],
+        "ppo_seconds": summary["stages_seconds"].get("ppo"),
+        # issue 25: the critic's explained variance (second half of PPO) and the learning check
+        "explained_variance_2nd_half": _second_half_mean(metrics, "val/explained_variance"),
+        "not_learning": any(m.get("eval/not_learning") for m in metrics),
+        "warm_start_reused": bool(summary.get("warm_start", {}).get("reused")),
     }
     # The audit is run here (the same call as `searchrl audit --run DIR`), so every row has it: the training
     # trajectories' checks and each hidden-test evaluation's (SFT and PPO), fabricated citations included.
@@ -84,10 +90,21 @@ def seed_figures(run: Path) -> dict[str, Any]:
     return out
 
 
+def _second_half_mean(metrics: list[dict[str, Any]], key: str) -> float | None:
+    values = [float(m[key]) for m in metrics if isinstance(m.get(key), int | float) and math.isfinite(m[key])]
+    half = values[len(values) // 2 :]
+    return round(statistics.fmean(half), 4) if half else None
+
+
 def mean_of(seeds: list[dict[str, Any]]) -> dict[str, float]:
     keys = ("sft_exact_match", "ppo_exact_match", "improvement", "ppo_f1")
     out = {k: round(statistics.fmean(s[k] for s in seeds), 4) for k in keys}
     out["ppo_citation_support"] = round(statistics.fmean(s["citation_support"]["ppo"] for s in seeds), 4)
+    evs = [
+        s["explained_variance_2nd_half"] for s in seeds if s.get("explained_variance_2nd_half") is not None
+    ]
+    if evs:
+        out["explained_variance_2nd_half"] = round(statistics.fmean(evs), 4)
     return out
 
 
@@ -125,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"seed {s['seed']}: SFT {s['sft_exact_match']:.2f} -> PPO {s['ppo_exact_match']:.2f} "
             f"(citation {s['citation_support']['ppo']:.2f}, audit {s.get('audit_verdict', 'not run')}, "
-            f"KL last {s['kl_last']}, gap {s['logprob_gap_max']})"
+            f"KL last {s['kl_last']}, gap {s['logprob_gap_max']}, EV 2nd half {s['explained_variance_2nd_half']})"
         )
     print("mean:", mean_of(seeds))
     return 0

@@ -133,6 +133,11 @@ def test_demo_seeds_gathers_each_run_and_refuses_an_unfinished_one(demo_run, tmp
     assert row["improvement"] == pytest.approx(row["ppo_exact_match"] - row["sft_exact_match"], abs=1e-4)
     assert row["kl_steps"] == summary["ppo"]["steps"] and row["dev_curve"][0][0] == 0
     assert table["mean"]["ppo_exact_match"] == pytest.approx(row["ppo_exact_match"])
+    assert row["not_learning"] is summary["ppo"]["learning"]["not_learning"]
+    assert row["explained_variance_2nd_half"] == pytest.approx(
+        summary["ppo"]["learning"]["explained_variance_2nd_half"], abs=1e-4
+    )
+    assert row["warm_start_reused"] is False and row["ppo_seconds"] == summary["stages_seconds"]["ppo"]
     # The audit ran on the directory: the training trajectories and both hidden-test evaluations.
     audit = audit_run(demo_run)
     assert row["audit_verdict"] == audit.verdict

@@ -13,6 +13,7 @@ the two summaries' stage entries the same shape, so the report and the benchmark
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -53,8 +54,11 @@ def learning_figures(run_dir: Path) -> dict[str, Any]:
     if not evals:
         return {}
     first, last = evals[min(evals)], evals[max(evals)]
-    steps = [m for m in reader.metrics() if "val/explained_variance" in m]
-    half = [float(m["val/explained_variance"]) for m in steps[len(steps) // 2 :]]
+    values = [m.get("val/explained_variance") for m in reader.metrics()]
+    finite = [
+        float(v) for v in values if isinstance(v, int | float) and math.isfinite(v)
+    ]  # NaN: a constant batch
+    half = finite[len(finite) // 2 :]
     return {
         "dev_exact_match_first": first.get("eval/exact_match"),
         "dev_exact_match_last": last.get("eval/exact_match"),
