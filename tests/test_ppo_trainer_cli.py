@@ -116,6 +116,7 @@ def test_shipped_ppo_config_matches_the_demo_ppo_stage():
     for name in (
         "total_episodes", "per_device_train_batch_size", "gradient_accumulation_steps", "num_mini_batches",
         "num_ppo_epochs", "learning_rate", "value_learning_rate", "kl_coef", "temperature", "eval_steps",
-        "num_eval_questions", "max_new_tokens_per_turn", "max_episode_tokens",
+        "num_eval_questions", "max_new_tokens_per_turn", "max_episode_tokens", "value_lam", "cliprange_value",
+        "value_replay_steps", "value_mode",
     ):  # fmt: skip
         assert getattr(shipped, name) == getattr(demo, name), name
