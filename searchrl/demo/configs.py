@@ -291,10 +291,61 @@ class LoRASettings:
         )
 
 
+@dataclass
+class RealGRPOSettings:
+    """The real loop's optional GRPO stage: TRL's GRPOTrainer (`searchrl.grpo`, mode our_rollout) from the same SFT
+    policy as PPO, with PPO's environment, sampling, batch and rubric, LoRA like PPO, for about PPO's wall clock;
+    evaluated on the same test questions (`grpo_minus_sft`, `grpo_minus_ppo` in summary.json)."""
+
+    enabled: bool = field(
+        default=False,
+        metadata={
+            "help": "Train and evaluate GRPO after PPO (about PPO's training time plus one evaluation more)."
+        },
+    )
+    num_generations: int = field(
+        default=4,
+        metadata={"help": "Completions per question (the group); divides PPO's episodes per step (16)."},
+    )
+    beta: float = field(
+        default=0.0,
+        metadata={
+            "help": "KL coefficient to the reference (the SFT policy, adapter off); 0 (TRL's default): no KL term."
+        },
+    )
+    loss_type: str = field(
+        default="dapo", metadata={"help": "TRL's loss aggregation (dapo, grpo, dr_grpo, ...)."}
+    )
+    learning_rate: float | None = field(
+        default=None, metadata={"help": "GRPO's learning rate; null: PPO's (ppo.learning_rate)."}
+    )
+    wall_clock_s: float | None = field(
+        default=None,
+        metadata={
+            "help": "Training seconds (evaluation excluded) after which GRPO stops at its next step's end; null: "
+            "PPO's own training seconds (its time/train_s), so the two get the same wall clock."
+        },
+    )
+    max_steps: int = field(
+        default=200,
+        metadata={"help": "Most optimizer steps, whatever the wall clock (a bound, not a target)."},
+    )
+
+    def __post_init__(self) -> None:
+        if self.num_generations < 2:
+            raise ConfigError(
+                f"grpo.num_generations: a group needs >= 2 completions, got {self.num_generations}"
+            )
+        if self.max_steps < 1:
+            raise ConfigError(f"grpo.max_steps: must be >= 1, got {self.max_steps}")
+        if self.wall_clock_s is not None and self.wall_clock_s <= 0:
+            raise ConfigError(f"grpo.wall_clock_s: must be > 0 or null, got {self.wall_clock_s}")
+
+
 def _real_sft() -> SFTWarmStartConfig:
     return SFTWarmStartConfig(
         learning_rate=4e-4,  # a LoRA rate (a full fine-tune of the 135M model wants about 3e-5)
-        num_train_epochs=3.0,
+        num_train_epochs=2.0,  # about 220 demonstrations (300 train questions): 440 passes (137 x 3 before)
         per_device_train_batch_size=1,  # one demonstration per micro-batch: no padding (lengths 150-520)
         gradient_accumulation_steps=8,
         warmup_ratio=0.05,
@@ -362,9 +413,10 @@ class RealDemoConfig:
     num_threads: int = field(
         default=0,
         metadata={
-            "help": "torch CPU threads; 0 = auto: 2 when the 1-minute load average leaves two cores free, else 1 "
-            "(measured on the shared 2-core machine: with other runs going, two OpenMP threads wait for each "
-            "other and a decode step takes 3-5x longer than with one)."
+            "help": "torch CPU threads; 0 = auto, decided at each stage and rechecked every 2 minutes inside SFT, PPO "
+            "and GRPO: the cores other processes leave free (their CPU use measured since the last decision, this "
+            "run's own taken out), at most 2 (searchrl.demo.threads; on a shared 2-core machine two OpenMP "
+            "threads beside a busy neighbour wait for each other: a decode step 3-5x slower than with one)."
         },
     )
     model_dir: str | None = field(
@@ -385,18 +437,25 @@ class RealDemoConfig:
         default=0.2, metadata={"help": "Share of each source's questions held out for test (unseen units)."}
     )
     train_questions: dict[str, int] = field(
-        default_factory=lambda: {"hotpotqa": 37, "squad": 100},
+        default_factory=lambda: {"hotpotqa": 37, "squad": 263},
         metadata={
-            "help": "Most train questions per source (demonstrations and PPO prompts come from these)."
+            "help": "Most train questions per source (demonstrations and PPO prompts come from these); each split "
+            "keeps the first N of its seeded order, so a cap spreads over all of the split's SQuAD articles."
         },
     )
     dev_questions: dict[str, int] = field(
-        default_factory=lambda: {"hotpotqa": 4, "squad": 4},
-        metadata={"help": "Most dev questions per source (PPO's periodic evaluation)."},
+        default_factory=lambda: {"hotpotqa": 5, "squad": 195},
+        metadata={
+            "help": "Most dev questions per source: PPO's periodic evaluation reads the first ppo.num_eval_questions, "
+            "benchmarks/real_levers.py all of them (every choice is made on dev, never on test)."
+        },
     )
     test_questions: dict[str, int] = field(
-        default_factory=lambda: {"hotpotqa": 11, "squad": 29},
-        metadata={"help": "Most held-out test questions per source (every evaluation of the demo)."},
+        default_factory=lambda: {"hotpotqa": 11, "squad": 309},
+        metadata={
+            "help": "Most held-out test questions per source (every evaluation of the demo, paired by question): "
+            "SQuAD test articles and HotpotQA test questions are unseen by SFT and PPO."
+        },
     )
     expert: RealExpertConfig = field(
         default_factory=RealExpertConfig,
@@ -417,6 +476,14 @@ class RealDemoConfig:
         },
     )
     lora: LoRASettings = field(default_factory=LoRASettings, metadata={"help": "LoRA adapter settings."})
+    reward_config_path: str | None = field(
+        default=None,
+        metadata={
+            "help": "YAML of the reward functions and their weights for PPO, GRPO and the evaluations' reward "
+            "figure (configs/real/rewards_*.yaml: exact match, staged, a retrieval term); null: the built-in "
+            "default rubric (F1 main term, citation, format, costs)."
+        },
+    )
     sft: SFTWarmStartConfig = field(
         default_factory=_real_sft, metadata={"help": "SFT warm start (TRL SFTTrainer) optimisation."}
     )
@@ -438,6 +505,10 @@ class RealDemoConfig:
             "and progress_bar are the demo's). The episode and sampling are environment: and generation:."
         },
     )
+    grpo: RealGRPOSettings = field(
+        default_factory=RealGRPOSettings,
+        metadata={"help": "The optional GRPO stage beside PPO (off by default)."},
+    )
     baselines: list[str] = field(
         default_factory=lambda: list(BASELINES),
         metadata={"help": f"Base-model baselines evaluated on the test split, any of {list(BASELINES)}."},
@@ -450,9 +521,10 @@ class RealDemoConfig:
         },
     )
     eval_batch_size: int = field(
-        default=40,
+        default=64,
         metadata={
-            "help": "Questions decoded together in an evaluation (a decode step costs little more for more rows)."
+            "help": "Questions decoded together in an evaluation (greedy; a decode step costs little more for more "
+            "rows, the KV cache grows with them)."
         },
     )
     demo_batch_size: int = field(default=64, metadata={"help": "Rows per batched expert replay."})
@@ -474,6 +546,11 @@ class RealDemoConfig:
             raise ConfigError(f"finetune: {self.finetune!r} is not one of {list(FINETUNE_MODES)}")
         if self.eval_batch_size < 1 or self.demo_batch_size < 1:
             raise ConfigError("eval_batch_size and demo_batch_size must be >= 1")
+        if self.grpo.enabled and self.ppo.episodes_per_step % self.grpo.num_generations:
+            raise ConfigError(
+                f"grpo.num_generations={self.grpo.num_generations} must divide PPO's episodes per step "
+                f"({self.ppo.episodes_per_step}): GRPO takes PPO's batch"
+            )
         if self.environment.topk != self.expert.k and self.environment.protocol == "chat":
             raise ConfigError(
                 f"expert.k={self.expert.k} but environment.topk={self.environment.topk}: with the chat protocol the "
@@ -488,7 +565,7 @@ class RealDemoConfig:
 
 def toy_real_config(out_dir: str, model_dir: str | None = None, seed: int = 0) -> RealDemoConfig:
     """The same stages at toy size (tests, `searchrl demo --real --smoke`): a few questions, two SFT and two PPO
-    steps, short episodes. `model_dir` null imports SmolLM2 into `<out_dir>/base`. Observations are cut so
+    steps, one GRPO step, short episodes. `model_dir` null imports SmolLM2 into `<out_dir>/base`. Observations are cut so
     short that few demonstrations show their gold, so every demonstration is trained on (`supported_only`)."""
     cfg = RealDemoConfig(
         out_dir=out_dir,
@@ -518,6 +595,8 @@ def toy_real_config(out_dir: str, model_dir: str | None = None, seed: int = 0) -
         num_eval_questions=1,
         collapse_guard=False,
     )
+    # GRPO for one step (a one-second budget: it stops at its first step's end), groups of the two episodes.
+    cfg.grpo = RealGRPOSettings(enabled=True, num_generations=2, max_steps=2, wall_clock_s=1.0)
     return cfg
 
 
