@@ -11,8 +11,9 @@ import pytest
 import yaml
 
 from searchrl.common.config import ConfigError, load_config
-from searchrl.demo.configs import RealDemoConfig, RealGRPOSettings
+from searchrl.demo.configs import RealDemoConfig
 from searchrl.demo.real import build_real_data
+from searchrl.demo.real_sections import RealGRPOSettings
 
 ROOT = Path(__file__).resolve().parents[1]
 

