@@ -526,6 +526,9 @@ def test_demo_command_dispatches_a_real_yaml(tmp_path, monkeypatch):
             "baselines": {"naive_rag": {"test": test}},
             "sft": {"test": test},
             "ppo": {"test": test},
+            "ppo_minus_sft": {
+                "test": {m: {"mean": 0.1, "ci95": [0.0, 0.2], "n": 4} for m in ("exact_match", "f1")}
+            },
             "wall_seconds": 1.0,
             "peak_rss_mb": 2.0,
         }
@@ -537,7 +540,11 @@ def test_demo_command_dispatches_a_real_yaml(tmp_path, monkeypatch):
     assert result.exit_code == 0, result.output
     assert isinstance(seen["cfg"], RealDemoConfig) and seen["cfg"].out_dir == str(tmp_path)
     assert seen["cfg"].progress_bar is False
-    assert json.loads(result.output[: result.output.rindex("}") + 1])["ppo.test.exact_match"] == 0.5
+    headline = json.loads(result.output[: result.output.rindex("}") + 1])
+    assert headline["ppo.test.exact_match"] == 0.5
+    # The paired difference on the same questions is in the headline; GRPO's only when it ran.
+    assert headline["ppo_minus_sft.test.f1"] == {"mean": 0.1, "ci95": [0.0, 0.2], "n": 4}
+    assert not any(key.startswith("grpo") for key in headline)
     help_text = runner.invoke(app, ["demo", "--help"]).output
     assert (
         "--real" in help_text and "kind: real" in typer.main.get_command(app).commands["demo"].params[1].help
