@@ -130,3 +130,10 @@ def test_real_readings_and_others_busy():
     assert others_busy(first, second) >= 0.0
     with pytest.raises(ValueError, match="later"):
         others_busy(second, first)
+
+
+def test_the_default_budget_is_every_usable_core():
+    clock = FakeClock(others=3.0)  # a 16-core machine with three cores busy elsewhere
+    gov = ThreadGovernor(0, reader=clock.read, sleep=clock.sleep, set_threads=lambda n: None, cores=16)
+    assert gov.budget == 16 and gov.decide("sft") == 13
+    assert "at most 16" in gov.rule

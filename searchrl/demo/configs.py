@@ -326,7 +326,7 @@ class RealDemoConfig:
         metadata={
             "help": "torch CPU threads; 0 = auto, decided at each stage and rechecked every 2 minutes inside SFT, PPO "
             "and GRPO: the cores other processes leave free (their CPU use measured since the last decision, this "
-            "run's own taken out), at most 2 (searchrl.demo.threads; on a shared 2-core machine two OpenMP "
+            "run's own taken out), at most the cores it may use (searchrl.demo.threads; on a shared 2-core machine two OpenMP "
             "threads beside a busy neighbour wait for each other: a decode step 3-5x slower than with one)."
         },
     )

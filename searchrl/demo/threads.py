@@ -4,7 +4,7 @@ What: `ThreadGovernor.decide(stage)` (the stage runner calls it as each stage st
 the other processes on the machine used, `others = (system busy CPU seconds - this process's CPU seconds) /
 wall seconds` over a window (the cores this process may run on, `/proc/stat`; this process's own CPU seconds
 from `getrusage`), and picks `choose_threads(cores, others)`: as many threads as the free cores allow, at most
-`budget` (2). The window is the time since the last decision (the previous stage, or the previous check
+`budget` (default: every core this process may use; 2 on the shared 2-core machine). The window is the time since the last decision (the previous stage, or the previous check
 inside a stage) when that is at least `min_window_s` long, else a fresh sample of `sample_s` seconds while
 this process waits. `trainer_callback()` re-decides inside a long stage (SFT, PPO, GRPO) at an optimizer
 step's end, at most every `recheck_s` seconds. Every decision is kept (`decisions`: stage -> threads, the
@@ -95,7 +95,7 @@ class ThreadGovernor:
     def __init__(
         self,
         requested: int = 0,
-        budget: int = 2,
+        budget: int | None = None,
         reader: Callable[[], CpuReading] | None = None,
         sleep: Callable[[float], None] = time.sleep,
         set_threads: Callable[[int], None] | None = None,
@@ -105,8 +105,8 @@ class ThreadGovernor:
         recheck_s: float = 120.0,
     ) -> None:
         self.requested = requested
-        self.budget = budget
         self.cores = cores if cores is not None else len(usable_cores())
+        self.budget = budget if budget is not None else self.cores  # null: every usable core
         self.reader = reader or read_cpu
         self.sleep = sleep
         self.set_threads = set_threads or _torch_set_threads
