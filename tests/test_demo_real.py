@@ -125,19 +125,20 @@ def test_toy_run_writes_the_layout_and_every_summary_key(toy_run):
         assert (out / "ppo" / path).is_file(), path
     assert list((out / "ppo" / "checkpoints").glob("step-*/trainer_state.json"))
     assert list((out / "ppo" / "trajectories").glob("step-*.jsonl.gz"))
-    names = [*BASELINE_FILES.values(), "sft-test", "ppo-test"]
+    names = [*BASELINE_FILES.values(), "sft-test", "ppo-test", "grpo-test"]
     for name in names:
         assert (out / "eval" / f"{name}.json").is_file(), name
         assert (out / "eval" / f"{name}.trajectories.jsonl.gz").is_file(), name  # the run writer's one suffix
     # summary.json: the returned figures, and the demo's layout (what the run reader reads the folder by).
     written = json.loads((out / "summary.json").read_text())
-    assert written.pop("layout") == real_demo_layout(toy_run.cfg.baselines).to_dict()
+    assert written.pop("layout") == real_demo_layout(toy_run.cfg.baselines, grpo=True).to_dict()
     assert written == json.loads(json.dumps(s))
     assert load_config(RealDemoConfig, out / "demo_config.yaml") == toy_run.cfg
 
     assert set(s["baselines"]) == {"closed_book", "naive_rag", "zero_shot"}
     n_test = sum(toy_run.cfg.test_questions.values())
-    for stage in [s["baselines"][b]["test"] for b in s["baselines"]] + [s["sft"]["test"], s["ppo"]["test"]]:
+    stages = [s["sft"]["test"], s["ppo"]["test"], s["grpo"]["test"]]
+    for stage in [s["baselines"][b]["test"] for b in s["baselines"]] + stages:
         assert stage["n"] == n_test
         for key in ("exact_match", "f1", "citation_support", "format_valid", "searches_per_question"):
             low, high = stage["ci95"][key]
@@ -156,13 +157,61 @@ def test_toy_run_writes_the_layout_and_every_summary_key(toy_run):
         "eval sft",
         "ppo",
         "eval ppo",
+        "grpo",
+        "eval grpo",
     ]
     assert set(s["stages_cpu_seconds"]) == set(s["stages_seconds"])
     assert s["imported_now"] is False  # model_dir given: nothing imported
     assert s["wall_seconds"] > 0 and s["peak_rss_mb"] > 500 and s["torch_threads"] >= 1
+    # The thread count was decided before every stage (auto: from the others' measured CPU use).
+    assert set(s["threads"]["per_stage"]) == set(s["stages_seconds"]) and "per stage" in s["threads"]["rule"]
+    assert all(1 <= d["threads"] <= 2 for d in s["threads"]["per_stage"].values())
+    assert set(s["eval_seconds"]) == {n for n in s["stages_seconds"] if n.startswith(("base ", "eval "))}
+    assert all(e["questions"] == n_test and e["questions_per_s"] > 0 for e in s["eval_seconds"].values())
     assert set(s["targets"]) >= {"sft_format_valid_ge_0.95", "ppo_em_ge_sft", "ppo_kl_nonzero_after_step_1"}
     assert s["sft"]["demonstrations_trained"] >= 1 and s["sft"]["finetune"] == "lora"
     assert 0 < s["sft"]["trainable_parameters"] < s["sft"]["total_parameters"] / 10  # LoRA: a few percent
+
+
+def test_toy_run_reports_paired_differences_on_the_same_questions(toy_run):
+    s, out = toy_run.summary, toy_run.out
+    expected = {
+        "ppo_minus_sft",
+        "ppo_minus_naive_rag",
+        "sft_minus_naive_rag",
+        "grpo_minus_sft",
+        "grpo_minus_ppo",
+    }
+    assert expected <= set(s)
+    for name in expected:
+        for metric in ("exact_match", "f1"):
+            diff = s[name]["test"][metric]
+            low, high = diff["ci95"]
+            assert low <= diff["mean"] <= high and diff["n"] == s["test_questions"], (name, metric)
+    # The mean difference is the difference of the two headline means (the same questions on both sides).
+    for name, (a, b) in {"ppo_minus_sft": ("ppo", "sft"), "grpo_minus_ppo": ("grpo", "ppo")}.items():
+        for metric in ("exact_match", "f1"):
+            assert s[name]["test"][metric]["mean"] == pytest.approx(
+                s[a]["test"][metric] - s[b]["test"][metric]
+            )
+    rag = s["baselines"]["naive_rag"]["test"]["f1"]
+    assert s["ppo_minus_naive_rag"]["test"]["f1"]["mean"] == pytest.approx(s["ppo"]["test"]["f1"] - rag)
+    assert {"ppo_minus_sft_em_ge_0.05", "ppo_minus_sft_em_ci_above_0", "ppo_minus_sft_f1_ci_above_0"} <= set(
+        s["targets"]
+    )
+    # GRPO: a normal run directory, stopped by its wall-clock budget, from the SFT policy with a LoRA adapter.
+    g = s["grpo"]
+    assert g["mode"] == "our_rollout" and g["steps"] >= 1 and g["stopped_by_wall_clock"] is True
+    assert g["budget_train_s"] == 1.0 and g["train_s"] >= 1.0 and g["episodes"] >= 2
+    for path in ("config.yaml", "manifest.json", "metrics.jsonl"):
+        assert (out / "grpo" / path).is_file(), path
+    policy = next((out / "grpo" / "checkpoints").glob("step-*/policy"))
+    assert (policy / "adapter_config.json").is_file()
+    assert (
+        json.loads((policy / "adapter_config.json").read_text())["base_model_name_or_path"]
+        == str((out / "sft" / "policy").resolve())
+        or (policy / "adapter_model.safetensors").is_file()
+    )
 
 
 def test_toy_run_changes_the_weights_in_sft_and_ppo(toy_run, smollm2_dir):
@@ -477,6 +526,9 @@ def test_demo_command_dispatches_a_real_yaml(tmp_path, monkeypatch):
             "baselines": {"naive_rag": {"test": test}},
             "sft": {"test": test},
             "ppo": {"test": test},
+            "ppo_minus_sft": {
+                "test": {m: {"mean": 0.1, "ci95": [0.0, 0.2], "n": 4} for m in ("exact_match", "f1")}
+            },
             "wall_seconds": 1.0,
             "peak_rss_mb": 2.0,
         }
@@ -488,7 +540,11 @@ def test_demo_command_dispatches_a_real_yaml(tmp_path, monkeypatch):
     assert result.exit_code == 0, result.output
     assert isinstance(seen["cfg"], RealDemoConfig) and seen["cfg"].out_dir == str(tmp_path)
     assert seen["cfg"].progress_bar is False
-    assert json.loads(result.output[: result.output.rindex("}") + 1])["ppo.test.exact_match"] == 0.5
+    headline = json.loads(result.output[: result.output.rindex("}") + 1])
+    assert headline["ppo.test.exact_match"] == 0.5
+    # The paired difference on the same questions is in the headline; GRPO's only when it ran.
+    assert headline["ppo_minus_sft.test.f1"] == {"mean": 0.1, "ci95": [0.0, 0.2], "n": 4}
+    assert not any(key.startswith("grpo") for key in headline)
     help_text = runner.invoke(app, ["demo", "--help"]).output
     assert (
         "--real" in help_text and "kind: real" in typer.main.get_command(app).commands["demo"].params[1].help

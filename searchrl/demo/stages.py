@@ -6,7 +6,8 @@ worlds), `evaluation_hook()` from an evaluation (`evaluate_policy(progress=...)`
 questions) or `trainer_callback()`, a transformers `TrainerCallback` that SFT, PPO and GRPO fire at each
 optimizer step (its total is the trainer's `max_steps` unless the stage gave one). For every stage the runner
 records wall seconds (`timings`), CPU seconds of this process (`cpu`) and the process's peak RSS when the stage
-ended (`peak_rss`); `totals()` gives the same three for the whole run.
+ended (`peak_rss`); `totals()` gives the same three for the whole run. `on_stage_start(name)`, when given,
+runs before each stage (the real loop decides its thread count there, `searchrl.demo.threads`).
 
 Why CPU seconds too: on a shared machine the wall clock measures the neighbours as well; CPU seconds (user +
 system of this process) do not. Why callbacks and hooks: the trainers and the evaluation say when a step ends;
@@ -98,8 +99,9 @@ class StageProgressCallback(TrainerCallback):
 class StageRunner:
     """Runs a demo's stages in order and measures each (see the module docstring)."""
 
-    def __init__(self, show: bool) -> None:
+    def __init__(self, show: bool, on_stage_start: Callable[[str], Any] | None = None) -> None:
         self.show = show
+        self.on_stage_start = on_stage_start  # before each stage, with its name (the real loop: threads)
         self.console = Console(stderr=True)
         self.timings: dict[str, float] = {}  # wall seconds per stage
         self.cpu: dict[str, float] = {}  # CPU seconds per stage
@@ -140,6 +142,8 @@ class StageRunner:
         }
 
     def _measured(self, name: str, fn: Callable[[], T]) -> T:
+        if self.on_stage_start is not None:
+            self.on_stage_start(name)
         start, cpu = time.perf_counter(), cpu_seconds()
         out = fn()
         self.timings[name] = round(time.perf_counter() - start, 2)

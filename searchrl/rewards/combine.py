@@ -28,6 +28,7 @@ from searchrl.common.config import ConfigError, load_config
 from searchrl.common.trajectory import Trajectory
 from searchrl.rewards.citation import CitationReward, FabricationCount
 from searchrl.rewards.qa import ContainsReward, ExactMatchReward, F1Reward
+from searchrl.rewards.retrieval import RetrievalReward, StagedReward
 from searchrl.rewards.shaping import (
     AnswerLengthPenalty,
     FormatReward,
@@ -64,6 +65,8 @@ REWARD_FUNCTIONS: dict[str, Callable[..., RewardFunc]] = {
     "permission_denied": PermissionDeniedPenalty,
     "answer_length": AnswerLengthPenalty,
     "num_searches": SearchCount,
+    "retrieval": RetrievalReward,
+    "staged": StagedReward,
     "model_judge": model_judge,
 }
 
