@@ -31,7 +31,7 @@ from bm25s.tokenization import Tokenizer
 
 from searchrl.search.acl import AccessControl, check_principals, group_by_principal
 from searchrl.search.base import Hit, make_hit
-from searchrl.search.corpus import DocStore, Document
+from searchrl.search.corpus import DocStore, Document, docs_memory_limit
 
 BM25_METHODS = ("robertson", "lucene", "atire", "bm25l", "bm25+")
 
@@ -104,7 +104,8 @@ def make_tokenizer(params: BM25Params) -> Tokenizer:
     return Tokenizer(lower=params.lower, stopwords=params.stopwords or None, stemmer=stemmer)
 
 
-def _index_text(doc: Document) -> str:
+def index_text(doc: Document) -> str:
+    """What BM25 indexes for a document: its title and body."""
     # The title is indexed with the body: entity names often appear only in the title.
     return f"{doc.title}\n{doc.text}" if doc.title else doc.text
 
@@ -148,7 +149,7 @@ class BM25Backend:
         """Tokenise and index `docs`, and write the index files into `out_dir`."""
         out_dir = Path(out_dir)
         tokenizer = make_tokenizer(params)
-        corpus_ids = tokenizer.tokenize([_index_text(d) for d in docs], return_as="ids", show_progress=False)
+        corpus_ids = tokenizer.tokenize([index_text(d) for d in docs], return_as="ids", show_progress=False)
         retriever = bm25s.BM25(k1=params.k1, b=params.b, method=params.method, backend="numba")
         retriever.index((corpus_ids, tokenizer.get_vocab_dict()), show_progress=False)
         retriever.save(str(out_dir / "bm25"))
@@ -165,7 +166,7 @@ class BM25Backend:
         retriever.backend = "numba"
         tokenizer = make_tokenizer(params)
         tokenizer.load_vocab(str(index_dir / "bm25"))
-        docs = DocStore(index_dir / "docs")
+        docs = DocStore(index_dir / "docs", memory_limit_bytes=docs_memory_limit())
         acl = AccessControl.load(index_dir, len(docs))
         return cls(retriever, tokenizer, docs, params, fingerprint, acl=acl)
 
