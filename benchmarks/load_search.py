@@ -18,6 +18,7 @@ whether rollouts hit it. The load is bounded (time and clients) and loopback onl
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -92,16 +93,19 @@ def start_server(
 
 
 def wait_for_workers(proc: subprocess.Popen, workers: int, deadline: float) -> None:
-    import psutil
-
-    while time.monotonic() < deadline and len(psutil.Process(proc.pid).children()) < workers:
+    while time.monotonic() < deadline and len(worker_pids(proc.pid)) < workers:
         time.sleep(0.2)
     time.sleep(min(30.0, 3.0 * workers))  # each opens the index and runs its warm-up search
 
 
 def stop_server(proc: subprocess.Popen) -> None:
     """Stop the server and its workers (killing only the supervisor would leave the workers running)."""
-    children = worker_pids(proc.pid)
+    import psutil
+
+    try:
+        children = [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        children = []
     proc.terminate()
     try:
         proc.wait(timeout=15)
@@ -109,19 +113,26 @@ def stop_server(proc: subprocess.Popen) -> None:
         proc.kill()
         proc.wait(timeout=10)
     for pid in children:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 def worker_pids(server_pid: int) -> list[int]:
     import psutil
 
+    """uvicorn's worker processes (spawned by multiprocessing; not its resource tracker, also a child)."""
+    pids = []
     try:
-        return [c.pid for c in psutil.Process(server_pid).children()]
+        children = psutil.Process(server_pid).children()
     except psutil.NoSuchProcess:
         return []
+    for child in children:
+        try:
+            if "spawn_main" in " ".join(child.cmdline()):
+                pids.append(child.pid)
+        except psutil.NoSuchProcess:
+            continue
+    return pids
 
 
 class MemorySampler:

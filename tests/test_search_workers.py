@@ -27,12 +27,24 @@ def _answering_pids(url: str, tries: int = 200) -> set[int]:
     return pids
 
 
+def _worker_pids(server_pid: int) -> list[int]:
+    """uvicorn's worker processes (spawned by multiprocessing; not its resource tracker, also a child)."""
+    pids = []
+    for child in psutil.Process(server_pid).children():
+        try:
+            if "spawn_main" in " ".join(child.cmdline()):
+                pids.append(child.pid)
+        except psutil.NoSuchProcess:
+            continue
+    return pids
+
+
 def _wait_workers(server: ServerProcess, n: int, timeout: float = 90.0) -> list[int]:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        children = psutil.Process(server.proc.pid).children()
-        if len(children) >= n:
-            return [c.pid for c in children]
+        pids = _worker_pids(server.proc.pid)
+        if len(pids) >= n:
+            return pids
         time.sleep(0.1)
     raise AssertionError(f"fewer than {n} workers after {timeout} s")
 

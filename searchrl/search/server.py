@@ -257,7 +257,12 @@ def _body_spec(schema: dict) -> dict:
 def process_memory() -> dict[str, float]:
     """This process' resident memory in MB: all of it, its private part (anon) and its file-backed part (the
     mmap'd index pages it has touched, which every worker shares through the page cache)."""
-    fields = {"VmRSS": "rss_mb", "RssAnon": "rss_anon_mb", "RssFile": "rss_file_mb", "RssShmem": "rss_shmem_mb"}
+    fields = {
+        "VmRSS": "rss_mb",
+        "RssAnon": "rss_anon_mb",
+        "RssFile": "rss_file_mb",
+        "RssShmem": "rss_shmem_mb",
+    }
     out: dict[str, float] = {}
     try:
         with open("/proc/self/status") as f:
