@@ -65,6 +65,20 @@ def synthetic_index(workdir: Path) -> tuple[Path, list[str]]:
     return workdir / "index", [row["question"] for split in task.splits.values() for row in split]
 
 
+def scale_index(workdir: Path, size: int) -> tuple[Path, list[str]]:
+    """`bench_scale.py`'s Wikipedia-like corpus of `size` passages as a BM25 index, and its real questions."""
+    sys.path.insert(0, str(ROOT))
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from bench_scale import REALQA, generate_corpus
+
+    from searchrl.search.index import build_index
+
+    queries = generate_corpus(workdir / "corpus.jsonl", size, REALQA)
+    build_index(workdir / "corpus.jsonl", workdir / "index", overwrite=True)
+    (workdir / "corpus.jsonl").unlink()
+    return workdir / "index", queries
+
+
 def start_server(
     index: Path, token: str | None, workers: int, extra_env: dict[str, str] | None = None
 ) -> tuple[subprocess.Popen, str]:
@@ -309,6 +323,9 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--index", type=Path, default=None, help="serve this index (default: a synthetic one)")
     p.add_argument("--queries", type=Path, default=None, help="queries, one per line (with --index or --url)")
     p.add_argument(
+        "--index-size", type=int, default=None, help="serve bench_scale.py's corpus of this many passages"
+    )
+    p.add_argument(
         "--client", choices=("raw", "retrying"), default="raw", help="raw httpx, or HTTPBackend with retries"
     )
     p.add_argument("--kill-worker-after", type=float, default=None, help="SIGKILL one worker after S seconds")
@@ -333,7 +350,9 @@ def main(argv: list[str] | None = None) -> dict:
                 url = a.url
             else:
                 index = a.index
-                if index is None:
+                if index is None and a.index_size:
+                    index, queries = scale_index(Path(tmp), a.index_size)
+                elif index is None:
                     index, queries = synthetic_index(Path(tmp))
                 proc, url = start_server(index, a.token, a.workers, extra_env)
             with MemorySampler(proc.pid if proc else None) as memory:

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from searchrl.search.acl import AccessControl
 from searchrl.search.base import search_as
-from searchrl.search.bm25 import BM25Backend, BM25Params
+from searchrl.search.bm25 import BM25Backend, BM25Params, make_tokenizer
 from searchrl.search.bm25_build import BM25ChunkIndexer
 from searchrl.search.build import StreamSettings
 from searchrl.search.chunks import BUILD_DIR, PROGRESS_FILE
@@ -92,6 +92,24 @@ def test_streamed_bm25_equals_bm25s_one_shot_bit_for_bit(corpus: Path, tmp_path:
     assert meta["corpus_sha256"] == corpus_hash(docs)
     assert meta["fingerprint"] == compute_fingerprint(corpus_hash(docs), "bm25", params.to_dict())
     assert not (tmp_path / "s" / BUILD_DIR).exists()
+
+
+def test_a_loaded_index_keeps_one_vocabulary_and_the_same_token_ids(corpus: Path, tmp_path: Path) -> None:
+    import bm25s
+
+    build_index(corpus, tmp_path / "i")
+    full = make_tokenizer(BM25Params())
+    full.load_vocab(str(tmp_path / "i" / "bm25"))
+    backend = BM25Backend.load(tmp_path / "i", BM25Params(), "x")
+    assert len(backend._tokenizer.word_to_id) <= 1 and len(backend._retriever.vocab_dict) <= 1  # dropped
+    assert isinstance(backend._retriever.unique_token_ids_set, range)
+    queries = ["running w5q w17q", "the and", "", "ran RUNS unknownzz", "Title 3", "!!"] + [
+        " ".join(r.split()[:6]) for r in corpus.read_text().splitlines()[:50]
+    ]
+    for _ in range(2):  # and again once the query-time caches hold the words
+        assert backend.tokenize(queries) == full.tokenize(queries, update_vocab=False, return_as="ids")
+    raw = bm25s.BM25.load(str(tmp_path / "i" / "bm25"), mmap=True, load_vocab=True)
+    assert raw.unique_token_ids_set == set(backend._retriever.unique_token_ids_set)
 
 
 def test_chunk_size_and_file_format_do_not_change_the_index(corpus: Path, tmp_path: Path) -> None:

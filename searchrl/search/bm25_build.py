@@ -1,8 +1,8 @@
 """BM25 built chunk by chunk: the same index files `BM25Backend.build` writes, in bounded memory, resumable.
 
 What: `BM25ChunkIndexer.add_chunk` tokenises one chunk of documents with bm25s' tokenizer (its vocabulary carried
-over from chunk to chunk, and saved with each one) and writes the chunk's (term, document, term frequency) triples
-sorted by term; `BM25ChunkIndexer.finish` then reads the document frequencies and lengths of all chunks, computes
+over from chunk to chunk; the words each chunk added are saved beside it) and writes the chunk's (term, document,
+term frequency) triples sorted by term; `BM25ChunkIndexer.finish` then reads the document frequencies and lengths of all chunks, computes
 the scores with bm25s' own idf and term-frequency functions, and writes bm25s' CSC matrix (`data`, `indices`,
 `indptr`), vocabulary and parameters a range of terms at a time, so `bm25s.BM25.load(mmap=True)` opens it.
 
@@ -17,6 +17,7 @@ the order bm25s' tokenizer gives it, so the matrix equals `BM25Backend.build`'s 
 from __future__ import annotations
 
 import itertools
+import json
 import os
 from pathlib import Path
 
@@ -30,10 +31,11 @@ from searchrl.search.corpus import Document
 
 VOCAB_NAME = "vocab.tokenizer.json"  # what `BM25Backend.load` reads, beside bm25s' own files
 _NONOCCURRENCE_METHODS = ("bm25l", "bm25+")
+_VOCAB_DICTS = ("word_to_stem", "stem_to_sid", "word_to_id")  # what bm25s' Tokenizer.save_vocab writes
 
 
 def _vocab_name(index: int) -> str:
-    return f"vocab-{index:05d}.json"
+    return f"vocab-added-{index:05d}.json"
 
 
 class BM25ChunkIndexer:
@@ -47,12 +49,14 @@ class BM25ChunkIndexer:
         self.params = params
         self.memory_mb = memory_mb
         self.tokenizer = make_tokenizer(params)
-        done = len(state.chunks)
-        if done:  # a resumed build: the vocabulary as it stood after the last finished chunk
-            self.tokenizer.load_vocab(str(state.directory), _vocab_name(done - 1))
+        for i in range(len(state.chunks)):  # a resumed build: the vocabulary as it stood after the last chunk
+            added = json.loads((state.directory / _vocab_name(i)).read_text())
+            for name in _VOCAB_DICTS:
+                getattr(self.tokenizer, name).update(added[name])
 
     def add_chunk(self, index: int, start: int, docs: list[Document]) -> None:
         """Tokenise chunk `index` (documents `start`..) and write its postings, sorted by (term, document)."""
+        sizes_before = {name: len(getattr(self.tokenizer, name)) for name in _VOCAB_DICTS}
         ids = self.tokenizer.tokenize(
             [index_text(d) for d in docs], update_vocab=True, return_as="ids", show_progress=False
         )
@@ -65,9 +69,16 @@ class BM25ChunkIndexer:
         np.save(path(index, "docs.npy"), ((keys & 0xFFFFFFFF) + start).astype(np.int32))
         np.save(path(index, "tf.npy"), tf.astype(np.int32))
         np.save(path(index, "lengths.npy"), lengths.astype(np.int32))
-        self.tokenizer.save_vocab(str(self.state.directory), _vocab_name(index))
-        # A resumed build needs the vocabulary of the last committed chunk (index - 1); older ones can go.
-        (self.state.directory / _vocab_name(index - 2)).unlink(missing_ok=True)
+        self._save_vocab_added(index, sizes_before)
+
+    def _save_vocab_added(self, index: int, sizes_before: dict[str, int]) -> None:
+        """Write the vocabulary entries chunk `index` added (the tokenizer's dicts only grow, in insertion order),
+        so a resumed build replays them in order: O(new words) per chunk, not the whole vocabulary each time."""
+        added = {
+            name: dict(itertools.islice(getattr(self.tokenizer, name).items(), sizes_before[name], None))
+            for name in _VOCAB_DICTS
+        }
+        (self.state.directory / _vocab_name(index)).write_text(json.dumps(added, ensure_ascii=False))
 
     def finish(self, out_dir: str | os.PathLike) -> None:
         """Stage 2: write `out_dir/bm25/` (bm25s' files and the tokenizer's vocabulary) from the chunks."""
