@@ -30,6 +30,7 @@ import json
 import os
 import platform
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -383,6 +384,7 @@ def main() -> None:
         "--realqa", type=Path, default=REALQA, help="the SQuAD / HotpotQA slices seeding the text"
     )
     ap.add_argument("--tmp", type=Path, default=None, help="scratch folder (default: a temporary one)")
+    ap.add_argument("--keep", type=Path, default=None, help="copy the BM25 index and queries.txt here")
     ap.add_argument("--fit", type=Path, nargs="+", help="fit these runs' growth and extrapolate to 21M")
     a = ap.parse_args()
     if a.fit:
@@ -404,6 +406,9 @@ def main() -> None:
         out["corpus_mb"] = round((tmp / "corpus.jsonl").stat().st_size / 2**20, 1)
         out["bm25"] = bench_bm25(tmp / "corpus.jsonl", tmp / "index", queries, a)
         print(json.dumps(out["bm25"], indent=2), flush=True)
+        if a.keep:  # for load_search.py --index DIR/index --queries DIR/queries.txt
+            shutil.copytree(tmp / "index", a.keep / "index", dirs_exist_ok=True)
+            (a.keep / "queries.txt").write_text("\n".join(q.replace("\n", " ") for q in queries) + "\n")
         if a.recall_sample:
             out["recall_at_3_real"] = bench_recall(tmp / "corpus.jsonl", queries, a.recall_sample)
             print(json.dumps(out["recall_at_3_real"], indent=2), flush=True)
