@@ -310,3 +310,39 @@ def test_ivf_dense_index_builds_streams_and_searches(tmp_path: Path, kind: str) 
     got = [[h.doc_id for h in hits] for hits in approx.search(queries, 3)]
     recall = np.mean([len(set(e) & set(g)) / 3 for e, g in zip(exact, got, strict=True)])
     assert recall >= (0.999 if kind == "ivf_flat" else 0.6), recall  # every list probed
+
+
+class CountingEncoder(RandomEncoder):
+    """A `RandomEncoder` that records every text it was asked to encode."""
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+
+    def encode(self, texts: list[str], **kw: Any) -> np.ndarray:
+        self.seen += list(texts)
+        return super().encode(texts, **kw)
+
+
+def test_query_cache_encodes_each_distinct_query_once_with_its_prefix(tmp_path: Path) -> None:
+    from searchrl.search.dense import DenseParams
+
+    texts = [f"passage {i}" for i in range(50)]
+    DocStore.write(tmp_path, [Document(f"d{i}", "", t) for i, t in enumerate(texts)])
+    index = new_index(16, "flat")
+    index.add(RandomEncoder().encode(texts))
+    encoder = CountingEncoder()
+    params = DenseParams.preset("e5")
+    backend = DenseBackend(index, encoder, DocStore(tmp_path), "x", params=params, query_cache_size=3)
+    group = ["who", "what", "who", "who"]  # a GRPO group repeats its queries
+    first = backend.search(group, 3)
+    assert encoder.seen == ["query: who", "query: what"]  # each distinct query once, e5's prefix on it
+    again = backend.search(["what", "who"], 3)
+    assert encoder.seen == ["query: who", "query: what"]  # from the cache
+    assert [h.doc_id for h in again[1]] == [h.doc_id for h in first[0]]
+    uncached = DenseBackend(
+        index, RandomEncoder(), DocStore(tmp_path), "x", params=params, query_cache_size=0
+    )
+    assert np.array_equal(backend.encode_queries(group), uncached.encode_queries(group))
+    backend.search(["a", "b", "c"], 1)  # the cache holds 3: "who" and "what" are dropped, oldest first
+    backend.search(["who"], 1)
+    assert encoder.seen[-1] == "query: who" and encoder.seen.count("query: who") == 2
