@@ -11,7 +11,7 @@ export HF_HUB_DISABLE_TELEMETRY := 1
 export TRL_EXPERIMENTAL_SILENCE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup demo test lint format bench fixtures clean
+.PHONY: setup demo test lint format bench bench-scale fixtures clean
 
 setup: $(STAMP)
 
@@ -64,6 +64,19 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_injection.py --json .bench/injection.json
 	$(BIN)/python benchmarks/load_search.py --json .bench/load_search.json
 	$(BIN)/python benchmarks/bench_async_search.py --json .bench/async_search.json
+	$(MAKE) bench-scale
+
+# The retriever at scale (issue 27; docs/search.md "At wiki-18 scale"): `make bench SIZE=1000000` for the million.
+# Each size writes .bench/scale-SIZE.json; the fit over every size measured so far extrapolates to wiki-18's 21M.
+SIZE ?= 100000
+bench-scale: $(STAMP)
+	mkdir -p .bench
+	$(BIN)/python benchmarks/bench_scale.py --size $(SIZE) --one-shot --json .bench/scale-$(SIZE).json
+	$(BIN)/python benchmarks/load_search.py --index-size $(SIZE) --workers 2 --clients 256 --seconds 20 \
+		--client retrying --json .bench/load-scale-$(SIZE).json
+	$(BIN)/python benchmarks/load_search.py --index-size $(SIZE) --workers 2 --clients 256 --seconds 20 \
+		--client retrying --kill-worker-after 8 --json .bench/load-scale-$(SIZE)-kill.json
+	$(BIN)/python benchmarks/bench_scale.py --fit .bench/scale-*.json --json .bench/scale-fit.json
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -78,12 +78,49 @@ def index_command(
         help="Dense: 'title_text' ('Title. text') or 'contents' (Search-R1's '\"Title\"\\ntext'; e5 default).",
     ),
     index_type: str = typer.Option(
-        "flat", "--index-type", help="Dense: 'flat' (exact inner product) or 'hnsw' (approximate, faster)."
+        "flat",
+        "--index-type",
+        help="Dense: 'flat' (exact inner product, 4 bytes per dimension), 'hnsw' (approximate graph, flat's memory "
+        "and more), 'ivf_flat' (inverted lists, exact vectors) or 'ivf_pq' (inverted lists of PQ codes: --pq-m bytes "
+        "per passage; the wiki-18 choice on one machine).",
     ),
     hnsw_m: int = typer.Option(64, "--hnsw-m", min=2, help="Dense hnsw: links per node (Search-R1: 64)."),
     hnsw_ef_search: int = typer.Option(
         128, "--hnsw-ef-search", min=1, help="Dense hnsw: search breadth (higher: better recall, slower)."
     ),
+    ivf_nlist: int = typer.Option(
+        0,
+        "--ivf-nlist",
+        min=0,
+        help="Dense ivf_*: inverted lists (0: the power of two nearest sqrt(passages)).",
+    ),
+    pq_m: int = typer.Option(
+        0,
+        "--pq-m",
+        min=0,
+        help="Dense ivf_pq: bytes per passage (0: one per 4 dimensions; must divide the dimension).",
+    ),
+    pq_nbits: int = typer.Option(8, "--pq-nbits", help="Dense ivf_pq: bits per PQ code (8 is the usual)."),
+    nprobe: int = typer.Option(
+        32, "--nprobe", min=1, help="Dense ivf_*: lists searched per query (higher: better recall, slower)."
+    ),
+    train_size: int = typer.Option(
+        0,
+        "--train-size",
+        min=0,
+        help="Dense ivf_*: passages sampled to train on (0: 64 per list, >= 10,000).",
+    ),
+    memory_mb: int = typer.Option(
+        2048,
+        "--memory-mb",
+        min=64,
+        help="Memory budget of the build in MB (chunk size and BM25 merge buffer; see docs/search.md 'At wiki-18 "
+        "scale'). The corpus is read in chunks; a killed build started again goes on from its last chunk.",
+    ),
+    chunk_docs: int = typer.Option(
+        0, "--chunk-docs", min=0, help="Passages per chunk (0: from --memory-mb)."
+    ),
+    quiet: bool = typer.Option(False, "--quiet", help="No progress bar."),
     faiss_index: Path | None = typer.Option(
         None,
         "--faiss-index",
@@ -94,6 +131,7 @@ def index_command(
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace a non-empty output directory."),
 ) -> None:
     """Build a search index from a corpus file (or link an existing faiss index to it)."""
+    from searchrl.search.build import StreamSettings
     from searchrl.search.index import build_index, read_meta  # bm25s and numba: not for --help
 
     if backend == BackendName.bm25:
@@ -116,17 +154,26 @@ def index_command(
             "index_type": index_type,
             "hnsw_m": hnsw_m,
             "hnsw_ef_search": hnsw_ef_search,
+            "ivf_nlist": ivf_nlist,
+            "pq_m": pq_m,
+            "pq_nbits": pq_nbits,
+            "nprobe": nprobe,
+            "train_size": train_size,
             "faiss_index": str(faiss_index) if faiss_index else None,
             "batch_size": batch_size,
         }
     try:
-        build_index(corpus, out, backend=backend.value, overwrite=overwrite, **params)
+        stream = StreamSettings(memory_mb=memory_mb, chunk_docs=chunk_docs, progress=not quiet)
+        build_index(corpus, out, backend=backend.value, overwrite=overwrite, stream=stream, **params)
     except (ValueError, FileNotFoundError) as e:
         raise _fail(str(e)) from None
     meta = read_meta(out)
+    resumed = (
+        f" (resumed after {meta['resumed_after_docs']} documents)" if meta.get("resumed_after_docs") else ""
+    )
     typer.echo(
-        f"indexed {meta['num_docs']} documents ({meta['backend']}) into {out} in {meta['build_seconds']} s; "
-        f"fingerprint {meta['fingerprint'][:16]}"
+        f"indexed {meta['num_docs']} documents ({meta['backend']}) into {out} in {meta['build_seconds']} s"
+        f"{resumed}; fingerprint {meta['fingerprint'][:16]}"
     )
 
 
@@ -195,7 +242,11 @@ def serve_command(
         help="Require 'Authorization: Bearer TOKEN' (or set the env var).",
     ),
     workers: int = typer.Option(
-        1, "--workers", min=1, help="uvicorn worker processes (each opens the index, mmap)."
+        1,
+        "--workers",
+        min=1,
+        help="uvicorn worker processes, each opening the index by mmap (one copy in the page cache); a worker "
+        "that dies is restarted, the others keep serving. /health reports each worker's pid and RSS.",
     ),
     max_queries: int = typer.Option(1024, "--max-queries", min=1, help="Most queries per request."),
     max_query_chars: int = typer.Option(4096, "--max-query-chars", min=1, help="Most characters per query."),
@@ -210,9 +261,17 @@ def serve_command(
     device: str | None = typer.Option(
         None, "--device", help="Dense index: where the query encoder runs, e.g. cuda (default: cpu)."
     ),
+    docs_in_memory_mb: float | None = typer.Option(
+        None,
+        "--docs-in-memory-mb",
+        min=0,
+        help="Decode the documents into each worker's memory when their text is at most this many MB (default "
+        "1024); a larger store stays mmap'd and is shared by all workers through the page cache.",
+    ),
 ) -> None:
     """Serve an index over HTTP: Search-R1 POST /retrieve, FlashRAG POST /batch_search, GET /health."""
     # bm25s, numba, fastapi and the dense encoder's module: loaded when the server starts.
+    from searchrl.search.corpus import DOCS_IN_MEMORY_ENV
     from searchrl.search.dense import DEVICE_ENV_VAR, MODEL_ENV_VAR
     from searchrl.search.index import IndexFormatError
     from searchrl.search.server import ServerLimits, serve
@@ -224,6 +283,8 @@ def serve_command(
         os.environ[MODEL_ENV_VAR] = str(model_path.resolve())
     if device:
         os.environ[DEVICE_ENV_VAR] = device
+    if docs_in_memory_mb is not None:
+        os.environ[DOCS_IN_MEMORY_ENV] = str(docs_in_memory_mb)
     try:
         limits = ServerLimits(max_queries, max_query_chars, max_topk, default_topk)
         serve(str(index), host=host, port=port, token=token, workers=workers, limits=limits)

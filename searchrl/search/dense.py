@@ -40,6 +40,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,14 +52,15 @@ import numpy as np
 
 from searchrl.search.acl import AccessControl, check_principals, group_by_principal
 from searchrl.search.base import Hit
-from searchrl.search.corpus import DocStore, Document, join_search_r1_contents
+from searchrl.search.corpus import DocStore, Document, docs_memory_limit, join_search_r1_contents
+from searchrl.search.faiss_build import auto_nlist, new_index, search_readable_ivf
 
 MODEL_ENV_VAR = "SEARCHRL_DENSE_MODEL"
 DEVICE_ENV_VAR = "SEARCHRL_DENSE_DEVICE"
 ENCODERS: tuple[str, ...] = ("sentence-transformers", "e5")
 POOLINGS: tuple[str, ...] = ("mean", "cls")
 PASSAGE_FORMATS: tuple[str, ...] = ("title_text", "contents")
-INDEX_TYPES: tuple[str, ...] = ("flat", "hnsw")
+INDEX_TYPES: tuple[str, ...] = ("flat", "hnsw", "ivf_flat", "ivf_pq")
 FAISS_FILE = "dense.faiss"
 
 
@@ -79,6 +82,11 @@ class DenseParams:
     index_type: str = "flat"
     hnsw_m: int = 64
     hnsw_ef_search: int = 128
+    ivf_nlist: int = 0
+    pq_m: int = 0
+    pq_nbits: int = 8
+    nprobe: int = 32
+    train_size: int = 0
 
     def __post_init__(self) -> None:
         for name, value, choices in (
@@ -101,6 +109,15 @@ class DenseParams:
         if self.hnsw_m < 2 or self.hnsw_ef_search < 1:
             raise DenseConfigError(
                 f"hnsw_m={self.hnsw_m} must be >= 2 and hnsw_ef_search={self.hnsw_ef_search} >= 1"
+            )
+        if min(self.ivf_nlist, self.pq_m, self.train_size) < 0 or self.nprobe < 1:
+            raise DenseConfigError(
+                f"ivf_nlist={self.ivf_nlist}, pq_m={self.pq_m} and train_size={self.train_size} must be >= 0 (0: "
+                f"chosen from the corpus) and nprobe={self.nprobe} >= 1"
+            )
+        if self.pq_nbits not in (4, 6, 8, 10, 12):
+            raise DenseConfigError(
+                f"pq_nbits={self.pq_nbits} must be one of 4, 6, 8, 10, 12 (bits per PQ code)"
             )
 
     @classmethod
@@ -259,14 +276,54 @@ def open_encoder(model_path: str | os.PathLike | None, params: DenseParams, devi
     return load_encoder(model_path, device)
 
 
-def _new_faiss_index(dim: int, params: DenseParams):
+def new_faiss_index(dim: int, params: DenseParams, n_vectors: int):
+    """An empty faiss index of `params.index_type` for `n_vectors` vectors (IVF: its list count chosen here)."""
+    nlist = params.ivf_nlist or auto_nlist(n_vectors)
+    index = new_index(dim, params.index_type, params.hnsw_m, nlist, params.pq_m, params.pq_nbits)
+    set_search_breadth(index, params)
+    return index
+
+
+def set_search_breadth(index, params: DenseParams) -> None:
+    """HNSW's efSearch and IVF's nprobe, the query-time settings of an approximate index."""
+    if hasattr(index, "hnsw"):
+        index.hnsw.efSearch = params.hnsw_ef_search
+    if hasattr(index, "nprobe"):
+        index.nprobe = params.nprobe
+
+
+def train_size(params: DenseParams, index) -> int:
+    """Vectors an IVF index trains on: `params.train_size`, else 64 per list (at least 10,000 for PQ's codebooks)."""
+    return params.train_size or max(64 * int(getattr(index, "nlist", 1)), 10_000)
+
+
+def link_faiss_index(
+    source: str | os.PathLike, out_dir: Path, n_docs: int, encoder, params: DenseParams
+) -> dict:
+    """Link an existing faiss index file as `out_dir/dense.faiss` after checking it fits the corpus and encoder:
+    one vector per document, the encoder's dimension, inner product."""
     import faiss
 
-    if params.index_type == "hnsw":
-        index = faiss.IndexHNSWFlat(dim, params.hnsw_m, faiss.METRIC_INNER_PRODUCT)
-        index.hnsw.efSearch = params.hnsw_ef_search
-        return index
-    return faiss.IndexFlatIP(dim)
+    path = Path(source).resolve()
+    if not path.is_file():
+        raise DenseConfigError(f"--faiss-index {source}: no such file")
+    index = faiss.read_index(str(path), faiss.IO_FLAG_MMAP | faiss.IO_FLAG_READ_ONLY)
+    info = describe_faiss(index)
+    dim = encode(encoder, ["dimension probe"], normalize=params.normalize).shape[1]
+    problems = []
+    if info["ntotal"] != n_docs:
+        problems.append(f"it holds {info['ntotal']} vectors but the corpus has {n_docs} documents")
+    if info["d"] != dim:
+        problems.append(f"its vectors have {info['d']} dimensions but the encoder gives {dim}")
+    if info["metric"] != "inner_product":
+        problems.append("its metric is L2, not inner product")
+    if problems:
+        raise DenseConfigError(
+            f"--faiss-index {path}: does not fit: {'; '.join(problems)}. Use the corpus file and the "
+            "encoder the index was built from (row i of the index must be document i of the corpus)"
+        )
+    (out_dir / FAISS_FILE).symlink_to(path)
+    return {**info, "linked_from": str(path), "size_bytes": path.stat().st_size}
 
 
 def describe_faiss(index) -> dict[str, Any]:
@@ -293,6 +350,7 @@ class DenseBackend:
         batch_size: int = 64,
         params: DenseParams | None = None,
         acl: AccessControl | None = None,
+        query_cache_size: int = 4096,
     ):
         self._index = index
         self._encoder = encoder
@@ -301,6 +359,10 @@ class DenseBackend:
         self.batch_size = batch_size
         self.params = params or DenseParams()
         self.acl = acl if acl is not None and acl.any_restricted else None
+        # Query vectors by query text (prefix included), least recently used dropped first; 0 turns it off.
+        self.query_cache_size = query_cache_size
+        self._query_cache: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._cache_lock = threading.Lock()  # the server searches from worker threads
 
     @property
     def fingerprint(self) -> str:
@@ -332,27 +394,7 @@ class DenseBackend:
         out_dir.mkdir(parents=True, exist_ok=True)
         encoder = open_encoder(model_path, params)
         if faiss_index is not None:
-            source = Path(faiss_index).resolve()
-            if not source.is_file():
-                raise DenseConfigError(f"--faiss-index {faiss_index}: no such file")
-            index = faiss.read_index(str(source), faiss.IO_FLAG_MMAP | faiss.IO_FLAG_READ_ONLY)
-            info = describe_faiss(index)
-            dim = encode(encoder, ["dimension probe"], normalize=params.normalize).shape[1]
-            problems = []
-            if info["ntotal"] != len(docs):
-                problems.append(f"it holds {info['ntotal']} vectors but the corpus has {len(docs)} documents")
-            if info["d"] != dim:
-                problems.append(f"its vectors have {info['d']} dimensions but the encoder gives {dim}")
-            if info["metric"] != "inner_product":
-                problems.append("its metric is L2, not inner product")
-            if problems:
-                raise DenseConfigError(
-                    f"--faiss-index {source}: does not fit: {'; '.join(problems)}. Use the corpus file and the "
-                    "encoder the index was built from (row i of the index must be document i of the corpus)"
-                )
-            (out_dir / FAISS_FILE).symlink_to(source)
-            info["linked_from"] = str(source)
-            info["size_bytes"] = source.stat().st_size
+            info = link_faiss_index(faiss_index, out_dir, len(docs), encoder, params)
         else:
             vecs = encode(
                 encoder,
@@ -360,7 +402,12 @@ class DenseBackend:
                 batch_size=batch_size,
                 normalize=params.normalize,
             )
-            index = _new_faiss_index(vecs.shape[1], params)
+            index = new_faiss_index(vecs.shape[1], params, len(vecs))
+            if not index.is_trained:
+                size = min(len(vecs), train_size(params, index))
+                index.train(
+                    vecs[np.sort(np.random.default_rng(0).choice(len(vecs), size=size, replace=False))]
+                )
             index.add(vecs)
             faiss.write_index(index, str(out_dir / FAISS_FILE))
             info = describe_faiss(index)
@@ -382,17 +429,34 @@ class DenseBackend:
         index_dir = Path(index_dir)
         flags = faiss.IO_FLAG_MMAP | faiss.IO_FLAG_READ_ONLY if mmap else 0
         index = faiss.read_index(str(index_dir / FAISS_FILE), flags)
-        if hasattr(index, "hnsw"):
-            index.hnsw.efSearch = params.hnsw_ef_search
+        set_search_breadth(index, params)
         encoder = open_encoder(model_path, params)
-        docs = DocStore(index_dir / "docs")
+        docs = DocStore(index_dir / "docs", memory_limit_bytes=docs_memory_limit())
         acl = AccessControl.load(index_dir, len(docs))
         return cls(index, encoder, docs, fingerprint, params=params, acl=acl)
 
     def encode_queries(self, queries: list[str]) -> np.ndarray:
-        """The query vectors this backend searches with (prefix applied)."""
+        """The query vectors this backend searches with (prefix applied): each distinct query not in the
+        cache is encoded once, in one batch; the rest come from the cache (a GRPO group repeats its queries)."""
         texts = [self.params.query_prefix + q for q in queries]
-        return encode(self._encoder, texts, batch_size=self.batch_size, normalize=self.params.normalize)
+        if not self.query_cache_size:
+            return encode(self._encoder, texts, batch_size=self.batch_size, normalize=self.params.normalize)
+        found: dict[str, np.ndarray] = {}
+        with self._cache_lock:
+            for t in texts:
+                if t not in found and t in self._query_cache:
+                    self._query_cache.move_to_end(t)
+                    found[t] = self._query_cache[t]
+        missing = [t for t in dict.fromkeys(texts) if t not in found]
+        if missing:
+            vecs = encode(self._encoder, missing, batch_size=self.batch_size, normalize=self.params.normalize)
+            fresh = dict(zip(missing, vecs, strict=True))
+            found.update(fresh)
+            with self._cache_lock:
+                self._query_cache.update(fresh)
+                while len(self._query_cache) > self.query_cache_size:
+                    self._query_cache.popitem(last=False)
+        return np.ascontiguousarray(np.stack([found[t] for t in texts]), dtype=np.float32)
 
     def search(
         self, queries: list[str], k: int, principals: Sequence[str | None] | None = None
@@ -404,13 +468,17 @@ class DenseBackend:
         if not queries:
             return []
         vecs = self.encode_queries(queries)
+        if self.acl is None and hasattr(self._index, "nlist"):
+            return self._hits(*search_readable_ivf(self._index, vecs, k, None, int(self._index.nprobe)))
         if self.acl is None:
             return self._hits(*self._index.search(vecs, min(k, self._index.ntotal)))
         out: list[list[Hit]] = [[] for _ in queries]
         for principal, positions in group_by_principal(owners).items():
             mask = self.acl.readable(principal)
             rows = vecs[positions]
-            if mask is None:
+            if hasattr(self._index, "nlist"):
+                found = self._hits(*search_readable_ivf(self._index, rows, k, mask, int(self._index.nprobe)))
+            elif mask is None:
                 found = self._hits(*self._index.search(rows, min(k, self._index.ntotal)))
             else:
                 found = self._hits(*self._search_readable(rows, k, mask))

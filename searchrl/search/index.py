@@ -24,18 +24,19 @@ from pathlib import Path
 from typing import Any
 
 from searchrl.common.io import atomic_write_json
-from searchrl.search.acl import ACL_FILE, AccessControl
+from searchrl.search.acl import ACL_FILE
 from searchrl.search.base import Backend
 from searchrl.search.bm25 import BM25Backend, BM25Params
+from searchrl.search.build import StreamSettings, discard_build_state, stream_build
 from searchrl.search.cache import CachedBackend
+from searchrl.search.chunks import BUILD_DIR, PROGRESS_FILE
 from searchrl.search.client import HTTPBackend
-from searchrl.search.corpus import corpus_hash, load_corpus
 from searchrl.search.dense import DenseBackend, DenseParams, resolve_model_path
 from searchrl.search.faults import FaultInjectingBackend
 
 INDEX_FORMAT_VERSION = 1
 BACKENDS = ("bm25", "dense")
-_INDEX_ENTRIES = {"meta.json", "bm25", "docs", "dense.faiss", ACL_FILE}
+_INDEX_ENTRIES = {"meta.json", "bm25", "docs", "dense.faiss", ACL_FILE, BUILD_DIR}
 
 
 class IndexFormatError(ValueError):
@@ -81,6 +82,7 @@ def build_index(
     out_dir: str | os.PathLike,
     backend: str = "bm25",
     overwrite: bool = False,
+    stream: StreamSettings | None = None,
     **params: Any,
 ) -> Backend:
     """Index the corpus at `corpus_path` into `out_dir` and return the opened backend.
@@ -88,13 +90,68 @@ def build_index(
     bm25 params: k1, b, method, stemmer, stopwords, lower (see `BM25Params`). dense params: model_path,
     batch_size, faiss_index (an existing faiss file to link instead of encoding the corpus), and the
     `DenseParams` fields (encoder "sentence-transformers" or "e5" with its presets, query_prefix,
-    passage_prefix, pooling, normalize, max_length, passage_format, index_type "flat" or "hnsw", hnsw_m,
-    hnsw_ef_search).
+    passage_prefix, pooling, normalize, max_length, passage_format, index_type "flat", "hnsw", "ivf_flat" or
+    "ivf_pq", hnsw_m, hnsw_ef_search, ivf_nlist, pq_m, pq_nbits, nprobe, train_size).
+
+    The corpus is read and indexed chunk by chunk (`stream`: memory budget, chunk size, progress bar;
+    `searchrl.search.build`). An `out_dir` holding an unfinished build of the same corpus and settings is resumed
+    from its last finished chunk; `overwrite` starts over.
     """
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
     out_dir = Path(out_dir)
+    _prepare_out_dir(out_dir, overwrite)
+    started = time.perf_counter()
+    stream = stream or StreamSettings()
+    if backend == "bm25":
+        bm25_params = BM25Params(**params)
+        recorded = bm25_params.to_dict()
+        result = stream_build(corpus_path, out_dir, backend, stream, recorded, bm25_params=bm25_params)
+    else:
+        rest = {k: v for k, v in params.items() if k not in ("model_path", "batch_size", "faiss_index")}
+        dense_params = DenseParams.preset(rest.pop("encoder", None) or "sentence-transformers", **rest)
+        model_dir = resolve_model_path(params.get("model_path"))
+        recorded = {"model": model_dir.name, "model_id": model_id(model_dir), **dense_params.recorded()}
+        dense = {
+            "params": dense_params,
+            "model_dir": model_dir,
+            "batch_size": int(params.get("batch_size") or 64),
+            "faiss_index": params.get("faiss_index"),
+        }
+        result = stream_build(corpus_path, out_dir, backend, stream, recorded, dense=dense)
+        if params.get("faiss_index"):
+            # A linked index is part of what answers: its shape and size enter the fingerprint.
+            assert result.faiss_info is not None
+            recorded["faiss_index"] = {
+                k: result.faiss_info[k] for k in ("class", "d", "ntotal", "size_bytes")
+            }
+    meta = {
+        "format_version": INDEX_FORMAT_VERSION,
+        "backend": backend,
+        "params": recorded,
+        "num_docs": result.num_docs,
+        "corpus_sha256": result.corpus_sha256,
+        "corpus_path": str(corpus_path),
+        "fingerprint": compute_fingerprint(result.corpus_sha256, backend, recorded),
+        "build_seconds": round(time.perf_counter() - started, 3),
+    }
+    if result.resumed_docs:
+        meta["resumed_after_docs"] = result.resumed_docs
+    if backend == "dense":
+        meta["faiss"] = result.faiss_info
+    if result.acl.any_restricted:
+        meta["acl"] = result.acl.summary()
+    atomic_write_json(out_dir / "meta.json", meta)
+    discard_build_state(out_dir)
+    return load_index(out_dir, model_path=params.get("model_path"))
+
+
+def _prepare_out_dir(out_dir: Path, overwrite: bool) -> None:
+    """An empty `out_dir`, or one holding an unfinished build to resume; `overwrite` clears an index we wrote."""
     if out_dir.exists() and any(out_dir.iterdir()):
+        unfinished = (out_dir / BUILD_DIR / PROGRESS_FILE).is_file() and not (out_dir / "meta.json").exists()
+        if unfinished and not overwrite:
+            return  # resumed by `stream_build`, which checks the corpus and settings are the same
         if not overwrite:
             raise IndexFormatError(
                 f"{out_dir}: output directory is not empty; pass overwrite=True (--overwrite)"
@@ -108,48 +165,6 @@ def build_index(
             )
         shutil.rmtree(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    started = time.perf_counter()
-    docs = load_corpus(corpus_path)
-    sha = corpus_hash(docs)
-    acl = AccessControl.from_acls([d.acl for d in docs])
-    if acl.any_restricted:
-        acl.write(out_dir)  # before the backend's files, so a backend never loads without its ACLs
-    if backend == "bm25":
-        bm25_params = BM25Params(**params)
-        BM25Backend.build(docs, out_dir, bm25_params)
-        recorded = bm25_params.to_dict()
-    else:
-        rest = {k: v for k, v in params.items() if k not in ("model_path", "batch_size", "faiss_index")}
-        dense_params = DenseParams.preset(rest.pop("encoder", None) or "sentence-transformers", **rest)
-        model_dir = resolve_model_path(params.get("model_path"))
-        faiss_info = DenseBackend.build(
-            docs,
-            out_dir,
-            model_dir,
-            batch_size=int(params.get("batch_size") or 64),
-            params=dense_params,
-            faiss_index=params.get("faiss_index"),
-        )
-        recorded = {"model": model_dir.name, "model_id": model_id(model_dir), **dense_params.recorded()}
-        if params.get("faiss_index"):
-            # A linked index is part of what answers: its shape and size enter the fingerprint.
-            recorded["faiss_index"] = {k: faiss_info[k] for k in ("class", "d", "ntotal", "size_bytes")}
-    meta = {
-        "format_version": INDEX_FORMAT_VERSION,
-        "backend": backend,
-        "params": recorded,
-        "num_docs": len(docs),
-        "corpus_sha256": sha,
-        "corpus_path": str(corpus_path),
-        "fingerprint": compute_fingerprint(sha, backend, recorded),
-        "build_seconds": round(time.perf_counter() - started, 3),
-    }
-    if backend == "dense":
-        meta["faiss"] = faiss_info
-    if acl.any_restricted:
-        meta["acl"] = acl.summary()
-    atomic_write_json(out_dir / "meta.json", meta)
-    return load_index(out_dir, model_path=params.get("model_path"))
 
 
 def load_index(

@@ -6,7 +6,8 @@
   with one ``"query": str`` instead of ``"queries"`` is accepted too (answered as a batch of one).
 * ``POST /batch_search`` and ``POST /search`` — FlashRAG / ReSearch's format:
   ``{"query": [...] | str, "top_n": k, "return_score": bool}`` → documents, or ``[documents, scores]``.
-* ``GET /health`` — status, index fingerprint, document count. OpenAPI at ``/openapi.json``.
+* ``GET /health`` — status, index fingerprint, document count, and the answering worker's pid and resident
+  memory (``memory``: RSS, its private and its file-backed part, in MB). OpenAPI at ``/openapi.json``.
 
 A document is ``{"id", "contents", "title", "text"}``: ``contents`` is Search-R1's ``"Title"\\ntext``
 so Search-R1 / verl / SkyRL clients parse it unchanged, and ``title`` / ``text`` are there for clients
@@ -253,6 +254,29 @@ def _body_spec(schema: dict) -> dict:
     return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
 
 
+def process_memory() -> dict[str, float]:
+    """This process' resident memory in MB: all of it, its private part (anon) and its file-backed part (the
+    mmap'd index pages it has touched, which every worker shares through the page cache)."""
+    fields = {
+        "VmRSS": "rss_mb",
+        "RssAnon": "rss_anon_mb",
+        "RssFile": "rss_file_mb",
+        "RssShmem": "rss_shmem_mb",
+    }
+    out: dict[str, float] = {}
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key in fields:
+                    out[fields[key]] = round(int(value.split()[0]) / 1024, 1)
+    except OSError:  # not Linux: RSS only
+        import resource
+
+        out["rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+    return out
+
+
 def backend_takes_principals(backend: Backend) -> bool:
     """Does `backend.search` take `principals` (and so enforce document ACLs)?"""
     try:
@@ -384,6 +408,8 @@ def create_app(
                 "num_docs": num_docs,
                 "limits": asdict(limits),
                 "principals": enforces_acl,
+                "pid": os.getpid(),
+                "memory": process_memory(),
             }
         )
 
