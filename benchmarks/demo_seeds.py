@@ -27,6 +27,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _experiment_common import pyplot, save_figure, write_json  # noqa: E402
 
+from searchrl.common.trajectory import read_trajectories  # noqa: E402
+from searchrl.demo.summary import paired_figures  # noqa: E402
 from searchrl.evaluation.audit import audit_run  # noqa: E402
 from searchrl.run.reader import RunReader  # noqa: E402
 from searchrl.run.writer import SUMMARY_FILE  # noqa: E402
@@ -55,6 +57,8 @@ def seed_figures(run: Path) -> dict[str, Any]:
         "ppo_exact_match": ppo["exact_match"],
         "ppo_exact_match_ci95": ppo["ci95"]["exact_match"],
         "improvement": round(ppo["exact_match"] - sft["exact_match"], 4),
+        # paired over the same test questions (a demo older than the summary's own figure: from its files)
+        "paired_improvement": (summary.get("ppo_minus_sft") or _paired(run))["test"]["exact_match"],
         "ppo_f1": ppo["f1"],
         "by_hops_exact_match": {
             hops: {"sft": sft["by_hops"][hops]["exact_match"], "ppo": ppo["by_hops"][hops]["exact_match"]}
@@ -88,6 +92,15 @@ def seed_figures(run: Path) -> dict[str, Any]:
         name: e.fabricated_citation_rate() for name, e in audit.evaluations.items()
     }
     return out
+
+
+def _paired(run: Path) -> dict[str, Any]:
+    """PPO minus SFT on the demo's test questions, paired by question, from its evaluation trajectories."""
+    trajs = {
+        stage: read_trajectories(run / "eval" / f"{stage}-test.trajectories.jsonl.gz")
+        for stage in ("ppo", "sft")
+    }
+    return paired_figures(trajs)["ppo_minus_sft"]
 
 
 def _second_half_mean(metrics: list[dict[str, Any]], key: str) -> float | None:

@@ -51,6 +51,15 @@ def test_smoke_demo_writes_every_summary_key(smoke_run: Path) -> None:
             assert key in test["ci95"] and test["ci95"][key][0] <= test[key] <= test["ci95"][key][1]
         assert set(test["by_hops"]) <= {"1", "2"} and test["by_hops"]
     assert summary["ppo"]["steps"] >= 1 and summary["ppo"]["episodes"] >= 1
+    assert summary["warm_start"] == {"reused": False}
+    learning = summary["ppo"]["learning"]  # issue 25: is PPO learning, does the critic explain the returns
+    assert set(learning) == {"dev_exact_match_first", "dev_exact_match_last", "answers_changed", "not_learning",
+                             "explained_variance_2nd_half"}  # fmt: skip
+    assert 0.0 <= learning["answers_changed"] <= 1.0 and isinstance(learning["not_learning"], bool)
+    paired = summary["ppo_minus_sft"]["test"]["exact_match"]
+    assert (
+        paired["n"] == summary["test_questions"] and paired["ci95"][0] <= paired["mean"] <= paired["ci95"][1]
+    )
     assert summary["wall_seconds"] > 0 and summary["peak_rss_mb"] > 100
     stages = summary["stages_seconds"]
     assert list(stages) == [

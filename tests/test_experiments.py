@@ -138,6 +138,10 @@ def test_demo_seeds_gathers_each_run_and_refuses_an_unfinished_one(demo_run, tmp
         summary["ppo"]["learning"]["explained_variance_2nd_half"], abs=1e-4
     )
     assert row["warm_start_reused"] is False and row["ppo_seconds"] == summary["stages_seconds"]["ppo"]
+    paired = summary["ppo_minus_sft"]["test"]["exact_match"]  # the demo's own paired figure
+    assert row["paired_improvement"] == paired and paired["n"] == summary["test_questions"]
+    assert paired["mean"] == pytest.approx(row["improvement"], abs=1e-9)
+    assert paired["ci95"][0] <= paired["mean"] <= paired["ci95"][1]
     # The audit ran on the directory: the training trajectories and both hidden-test evaluations.
     audit = audit_run(demo_run)
     assert row["audit_verdict"] == audit.verdict

@@ -64,7 +64,7 @@ from searchrl.demo.configs import DemoConfig, check_demo_config
 from searchrl.demo.layouts import GRPO_LABELS, synthetic_demo_layout
 from searchrl.demo.reuse import ReusedWarmStart, clear_after_warm_start, find_warm_start
 from searchrl.demo.stages import StageProgress, StageRunner
-from searchrl.demo.summary import headline, learning_figures, stage_figures
+from searchrl.demo.summary import headline, learning_figures, paired_figures, stage_figures
 from searchrl.env.environment import SearchEnvironment
 from searchrl.evaluation.loop import evaluate_with_ppo_limits
 from searchrl.evaluation.report import write_report
@@ -267,6 +267,8 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
     summary["improvement_exact_match"] = (
         summary["ppo"]["test"]["exact_match"] - summary["sft"]["test"]["exact_match"]
     )
+    # The same 100 questions before and after PPO: the paired interval of the difference, not two intervals.
+    summary.update(paired_figures({"ppo": ppo_trajs, "sft": sft_trajs}, seed=cfg.seed))
 
     # 8b. optional: GRPO in both modes from the same warm start, on the PPO stage's budget -------------
     compare: dict[str, Path] | None = None
