@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import shutil
 from html.parser import HTMLParser
 from pathlib import Path
@@ -380,11 +381,15 @@ def test_report_of_the_demo_shows_the_figures_next_to_exact_match(demo, tmp_path
     assert training["dev answers changed since the start (eval/answers_changed)"][1].startswith(
         "NOT LEARNING" if stalled else "learning"
     )
-    evs = [m["val/explained_variance"] for m in metrics if "val/explained_variance" in m]
+    evs = [m["val/explained_variance"] for m in metrics if isinstance(m.get("val/explained_variance"), float)]
+    evs = [v for v in evs if math.isfinite(v)]  # a toy batch of equal returns logs NaN: no row then
     second_half = evs[len(evs) // 2 :]
-    assert training["critic: val/explained_variance"][0] == (
-        f"mean {sum(second_half) / len(second_half):.2f} over the second half"
-    )
+    if second_half:
+        assert training["critic: val/explained_variance"][0] == (
+            f"mean {sum(second_half) / len(second_half):.2f} over the second half"
+        )
+    else:
+        assert "critic: val/explained_variance" not in training
     assert "Audit of SFT policy · hidden test split" in page and "Audit of PPO policy" in page
     assert "sft-test.json" in page and "ppo-test.json" in page  # their tables by hop count
     assert xlabels and set(xlabels) == {"PPO step"} and "x axis: PPO step" in page
