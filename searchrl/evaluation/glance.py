@@ -21,11 +21,14 @@ from searchrl.run.sources import EvalFile
 
 
 def stages_with_test_metrics(summary: dict[str, Any]) -> list[str]:
-    """Top-level keys (e.g. "sft", "ppo") whose value holds a `test` summary with an exact match."""
+    """Top-level keys (e.g. "sft", "ppo") whose value holds a `test` summary with an exact match (a number: a
+    paired difference such as `ppo_minus_sft` holds `{"mean", "ci95"}` there and is not a stage)."""
     return [
         k
         for k, v in summary.items()
-        if isinstance(v, dict) and isinstance(v.get("test"), dict) and "exact_match" in v["test"]
+        if isinstance(v, dict)
+        and isinstance(v.get("test"), dict)
+        and isinstance(v["test"].get("exact_match"), int | float)
     ]
 
 
