@@ -67,3 +67,10 @@ def real_demo_layout(baselines: Iterable[str]) -> DemoLayout:
     evaluations = [demo_evaluation("base", variant=BASELINE_VARIANTS[b]) for b in baselines]
     evaluations += [demo_evaluation("sft"), demo_evaluation("ppo")]
     return _layout(evaluations, stages=("sft", "ppo"))
+
+
+def support_demo_layout(splits: Iterable[str] = ("dev", "test")) -> DemoLayout:
+    """The customer-service demo (`searchrl demo --task support`): SFT, then PPO, each measured on the dev split
+    and on the hidden test split."""
+    evaluations = [demo_evaluation(stage, split) for stage in ("sft", "ppo") for split in splits]
+    return _layout(evaluations, stages=("sft", "ppo"))
