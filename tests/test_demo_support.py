@@ -73,7 +73,8 @@ def test_the_smoke_demo_folder_reads_back(smoke_run: Path) -> None:
 
 def test_a_support_yaml_loads_with_the_demo_s_other_settings(tmp_path: Path) -> None:
     from searchrl.common.config import load_config
-    from searchrl.demo.configs import SupportDemoConfig, demo_yaml_kind
+    from searchrl.demo.configs import demo_yaml_kind
+    from searchrl.demo.support_config import SupportDemoConfig
 
     path = tmp_path / "support.yaml"
     path.write_text("kind: support\nexpert: {skip_lookup: 0.5}\ntask: {customers: 100}\n")

@@ -22,6 +22,7 @@ from searchrl.env.environment import SearchEnvironment
 from searchrl.env.protocol import format_tool_call
 from searchrl.evaluation.statistics import summarise_metrics
 from searchrl.models.tiny import tokenizer_training_texts, train_tokenizer
+from searchrl.rollout.stats import security_stats
 from searchrl.search.index import build_index
 from searchrl.sft.support_expert import SupportExpert, SupportExpertConfig
 
@@ -235,6 +236,8 @@ def test_the_expert_solves_every_question_through_the_real_environment(world: di
     assert all(metrics["task_success"](t) == 1.0 for t in trajs)
     assert all(t.metadata["read_from"] == "observation" for t in trajs)
     assert sum(metrics["permission_denied_rate"](t) + metrics["leaked_observations"](t) for t in trajs) == 0
+    # get_order was offered (the compact prompt carries no schema): its calls are not "disallowed" ones.
+    assert security_stats(trajs)["security/disallowed_executed"] == 0.0
     for traj, row in zip(trajs, rows, strict=True):
         names = [c.name for c in traj.tool_calls]
         assert names == {"where": ["search", "get_order"], "where_id": ["get_order"]}.get(

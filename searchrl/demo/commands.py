@@ -114,8 +114,8 @@ def _with_options(cfg: Any, out: str | None, seed: int | None, quiet: bool, **mo
 
 def _run_support(config: Path | None, smoke: bool, out: str | None, seed: int | None, quiet: bool) -> None:
     """The customer-service demo (`searchrl.demo.support`): load or build its config, run it, print the headline."""
-    from searchrl.demo.configs import SupportDemoConfig, support_smoke_config  # torch, trl, bm25s
     from searchrl.demo.support import run_support_demo
+    from searchrl.demo.support_config import SupportDemoConfig, support_smoke_config  # torch, trl, bm25s
 
     if config is not None:
         try:

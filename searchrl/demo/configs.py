@@ -6,7 +6,7 @@ Why one module: both demos are the same stages with different models and data; t
 generation, PPO, SFT) are the same classes, and both build their PPO stage with `stage_ppo_config`. Read side
 by side, what differs between the two is what their fields say. A demo YAML (`configs/demo*.yaml`,
 `configs/real/demo_real_*.yaml`) loads into one of them with `searchrl.common.config.load_config`;
-`is_real_demo_yaml` tells which.
+`demo_yaml_kind` tells which (the customer-service demo's `SupportDemoConfig` is `searchrl.demo.support_config`).
 """
 
 from __future__ import annotations
@@ -20,20 +20,20 @@ import yaml
 
 from searchrl.common.config import ConfigError
 from searchrl.data.realqa_formats import SOURCES
-from searchrl.data.support import SupportConfig
 from searchrl.data.synthetic import SIZE_PRESETS
-from searchrl.models.lora import LoRASettings
 from searchrl.models.tiny import TinyModelConfig
 from searchrl.ppo.config import PPOConfig, PPOSection
 from searchrl.sections import EnvironmentSection, GenerationSection, with_sections_of
 from searchrl.sft.expert import ExpertConfig
 from searchrl.sft.forcing import BASELINES
 from searchrl.sft.real_expert import RealExpertConfig
-from searchrl.sft.support_expert import SupportExpertConfig
 from searchrl.sft.warm_start import SFTWarmStartConfig
 
 REAL_KIND = "real"
+SUPPORT_KIND = "support"  # the customer-service demo's YAML kind (`searchrl.demo.support_config`)
 FINETUNE_MODES: tuple[str, ...] = ("lora", "full")
+# Linear layers of a Llama block; LoRA on all of them is the usual choice for instruction tuning.
+LLAMA_LINEAR_LAYERS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
 # -- the synthetic demo ------------------------------------------------------------------------------------------
@@ -251,87 +251,45 @@ def check_demo_config(cfg: DemoConfig) -> None:
         )
 
 
-# -- the customer-service demo -----------------------------------------------------------------------------------
-
-SUPPORT_KIND = "support"
-# Names the tools (the prompt has no tool schema): the tiny model learns their use from demonstrations.
-SUPPORT_SYSTEM_PROMPT = "Help the customer; tools: search, get_order."
-
-
-def _support_environment() -> EnvironmentSection:
-    # where + a followed injection: search, get_order, get_order (denied), answer: four turns, three calls
-    return dataclasses.replace(
-        _demo_environment(), system_prompt=SUPPORT_SYSTEM_PROMPT, max_episode_tokens=480
-    )
-
-
-def _support_sft() -> SFTWarmStartConfig:
-    return dataclasses.replace(
-        DemoConfig().sft, max_steps=600, first_turn_steps=150, warmup_ratio=0.03, logging_steps=25
-    )
+# -- the real loop -----------------------------------------------------------------------------------------------
 
 
 @dataclass
-class SupportDemoConfig:
-    """Every knob of the customer-service demo (`searchrl demo --task support`, docs/support.md)."""
+class LoRASettings:
+    """The LoRA adapter trained in SFT (then merged) and again in PPO (`peft.LoraConfig` fields)."""
 
-    kind: Literal["support"] = field(
-        default="support",
+    r: int = field(default=16, metadata={"help": "Rank of the LoRA update matrices."})
+    alpha: int = field(
+        default=32, metadata={"help": "LoRA scaling numerator (the update is scaled by alpha / r)."}
+    )
+    dropout: float = field(default=0.0, metadata={"help": "Dropout on the LoRA input (0: PPO needs none)."})
+    target_modules: list[str] = field(
+        default_factory=lambda: list(LLAMA_LINEAR_LAYERS),
         metadata={
-            "help": "Marks a demo YAML as the customer-service demo: `searchrl demo --config` runs it."
+            "help": "Names of the linear layers that get an adapter (Llama/Qwen: the seven per block)."
         },
     )
-    out_dir: str = field(default="runs/demo-support", metadata={"help": "Run directory the demo writes."})
-    seed: int = field(default=0, metadata={"help": "Seed of the store, models, rollouts and training."})
-    task: SupportConfig = field(
-        default_factory=lambda: SupportConfig(customers=3000, train_questions=8000),
-        metadata={"help": "The generated store and its questions (its seed is the demo's `seed`)."},
-    )
-    vocab_size: int = field(default=2048, metadata={"help": "BPE vocabulary trained on the task text."})
-    num_threads: int = field(default=2, metadata={"help": "torch CPU threads."})
-    model: TinyModelConfig = field(default_factory=_demo_model, metadata={"help": "Tiny policy shape."})
-    expert: SupportExpertConfig = field(
-        default_factory=SupportExpertConfig,
-        metadata={"help": "Expert demonstrations and their imperfections (room left for RL)."},
-    )
-    permission_denied_penalty: float = field(
-        default=0.5, metadata={"help": "Reward lost per permission-denied call (the rubric's safety term)."}
-    )
-    sft: SFTWarmStartConfig = field(
-        default_factory=_support_sft,
-        metadata={"help": "SFT warm start optimisation (first-turn curriculum, then whole demonstrations)."},
-    )
-    environment: EnvironmentSection = field(
-        default_factory=_support_environment,
-        metadata={"help": "The episode of every stage (turns, calls, top-k, token budgets, the prompt)."},
-    )
-    generation: GenerationSection = field(
-        default_factory=lambda: GenerationSection(temperature=1.0),
-        metadata={"help": "Sampling of PPO's rollouts and every evaluation."},
-    )
-    ppo: PPOSection = field(
-        default_factory=lambda: dataclasses.replace(_demo_ppo(), output_dir="runs/demo-support/ppo"),
-        metadata={"help": "PPO stage: PPO's own fields, batch, optimiser and evaluation cadence (on dev)."},
-    )
-    progress_bar: bool = field(default=True, metadata={"help": "Show a progress line per stage."})
 
-    def ppo_config(self) -> PPOConfig:
-        """The PPO stage's settings (`stage_ppo_config`): what PPO trains with and every evaluation's limits."""
-        return stage_ppo_config(self)
+    def __post_init__(self) -> None:
+        if self.r < 1 or self.alpha < 1:
+            raise ConfigError(f"lora: r and alpha must be >= 1, got r={self.r}, alpha={self.alpha}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ConfigError(f"lora.dropout: must be in [0, 1), got {self.dropout}")
+        if not self.target_modules:
+            raise ConfigError("lora.target_modules: name at least one linear layer, e.g. q_proj")
 
+    def peft_config(self) -> Any:
+        """The `peft.LoraConfig` these settings describe (a causal-LM task)."""
+        from peft import LoraConfig
 
-def support_smoke_config(out_dir: str = "runs/demo-support-smoke", seed: int = 0) -> SupportDemoConfig:
-    """The same stages at toy size (CI and tests): a small store, a very small model, a few steps."""
-    smoke = smoke_config(out_dir, seed)
-    task = SupportConfig(customers=60, train_questions=96, dev_questions=12, test_questions=12)
-    cfg = SupportDemoConfig(out_dir=out_dir, seed=seed, task=task, vocab_size=700, model=smoke.model)
-    cfg.sft = dataclasses.replace(smoke.sft, num_train_epochs=1)
-    cfg.environment = dataclasses.replace(_support_environment(), max_new_tokens_per_turn=32)
-    cfg.ppo = dataclasses.replace(smoke.ppo, total_episodes=16, num_eval_questions=12)
-    return cfg
-
-
-# -- the real loop -----------------------------------------------------------------------------------------------
+        return LoraConfig(
+            r=self.r,
+            lora_alpha=self.alpha,
+            lora_dropout=self.dropout,
+            target_modules=list(self.target_modules),
+            bias="none",
+            task_type="CAUSAL_LM",
+        )
 
 
 def _real_sft() -> SFTWarmStartConfig:

@@ -41,10 +41,11 @@ from searchrl.common.io import atomic_write_json
 from searchrl.common.trajectory import write_trajectories
 from searchrl.data.support import SupportTask, generate_support
 from searchrl.data.support_access import order_tool, task_metrics, with_principals
-from searchrl.demo.configs import SUPPORT_KIND, SupportDemoConfig
+from searchrl.demo.configs import SUPPORT_KIND
 from searchrl.demo.layouts import support_demo_layout
 from searchrl.demo.stages import StageProgress, StageRunner
 from searchrl.demo.summary import TASK_METRICS, stage_figures, support_headline
+from searchrl.demo.support_config import SupportDemoConfig
 from searchrl.env.environment import SearchEnvironment
 from searchrl.evaluation.audit import audit_run
 from searchrl.evaluation.loop import evaluate_with_ppo_limits
