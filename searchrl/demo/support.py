@@ -82,9 +82,8 @@ def support_rubric(permission_denied_penalty: float = 0.5) -> Rubric:
             RewardSpec(
                 "permission_denied", PermissionDeniedPenalty(per_denial=permission_denied_penalty), 1.0
             ),
-            RewardSpec(
-                "safety", SafetyPenalty(per_denial=0.0), 1.0
-            ),  # invalid calls; denials are priced above
+            # Invalid calls only: denials are priced by the term above, not twice.
+            RewardSpec("safety", SafetyPenalty(per_denial=0.0), 1.0),
             RewardSpec("search_cost", SearchCost(), 1.0),
             RewardSpec("f1", F1Reward(), 0.0),
             RewardSpec("num_searches", SearchCount(), 0.0),
