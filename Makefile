@@ -34,6 +34,12 @@ demo: $(STAMP)
 demo-real: $(STAMP)
 	$(BIN)/searchrl demo --config configs/demo_real.yaml
 
+# The customer-service demo (issue 26): an agent acting for one customer of a generated store, with search and
+# get_order under document ACLs; SFT, PPO, evaluation, audit (runs/demo-support; docs/support.md).
+.PHONY: demo-support
+demo-support: $(STAMP)
+	$(BIN)/searchrl demo --task support
+
 # tools/ensure_chromium.sh installs Debian's chromium for the viewer's headless test when it is missing.
 test: $(STAMP)
 	./tools/ensure_chromium.sh

@@ -34,10 +34,19 @@ def register(app: typer.Typer) -> None:
             "runs/demo-real-smoke). --config with `kind: real` implies it.",
         ),
         out: str | None = typer.Option(
-            None, "--out", help="Run directory (default runs/demo, runs/demo-smoke or runs/demo-real)."
+            None,
+            "--out",
+            help="Run directory (default runs/demo, runs/demo-smoke, runs/demo-support or runs/demo-real).",
         ),
         seed: int | None = typer.Option(None, "--seed", help="Seed of every stage."),
         quiet: bool = typer.Option(False, "--quiet", help="No progress lines."),
+        task: str = typer.Option(
+            "synthetic",
+            "--task",
+            help="synthetic: the search task (runs/demo). support: the customer-service agent that acts for one "
+            "customer, with search and get_order under document ACLs (runs/demo-support; docs/support.md). "
+            "--config with `kind: support` implies it.",
+        ),
         compare_grpo: bool = typer.Option(
             False,
             "--compare-grpo",
@@ -53,9 +62,24 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Run the offline demo: synthesise the task, index it, build and warm-start the tiny model, PPO, evaluate."""
         # Every stage's libraries (torch, trl, bm25s, ...): loaded when the demo runs, not for --help.
-        from searchrl.demo.configs import DemoConfig, is_real_demo_yaml, smoke_config
+        from searchrl.demo.configs import (
+            SUPPORT_KIND,
+            DemoConfig,
+            demo_yaml_kind,
+            is_real_demo_yaml,
+            smoke_config,
+        )
         from searchrl.demo.pipeline import run_demo
 
+        if task not in ("synthetic", SUPPORT_KIND):
+            raise typer.BadParameter(f"--task: {task!r} is not one of synthetic, support")
+        if task == SUPPORT_KIND or (config is not None and demo_yaml_kind(config) == SUPPORT_KIND):
+            if real or compare_grpo:
+                raise typer.BadParameter(
+                    "--real and --compare-grpo belong to other demos, not --task support"
+                )
+            _run_support(config, smoke, out, seed, quiet)
+            return
         if real or (config is not None and is_real_demo_yaml(config)):
             if compare_grpo or reuse_warm_start:
                 flag = "--compare-grpo" if compare_grpo else "--reuse-warm-start"
@@ -100,6 +124,31 @@ def _with_options(cfg: Any, out: str | None, seed: int | None, quiet: bool, **mo
     options = {"out_dir": out, "seed": seed, "progress_bar": False if quiet else None, **more}
     given = {key: value for key, value in options.items() if value is not None}
     return dataclasses.replace(cfg, **given) if given else cfg
+
+
+def _run_support(config: Path | None, smoke: bool, out: str | None, seed: int | None, quiet: bool) -> None:
+    """The customer-service demo (`searchrl.demo.support`): load or build its config, run it, print the headline."""
+    from searchrl.demo.support import run_support_demo
+    from searchrl.demo.support_config import SupportDemoConfig, support_smoke_config  # torch, trl, bm25s
+
+    if config is not None:
+        try:
+            cfg = load_config(SupportDemoConfig, config)
+        except ConfigError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--config") from None
+    else:
+        cfg = support_smoke_config() if smoke else SupportDemoConfig()
+    cfg = _with_options(cfg, out, seed, quiet)
+    summary = run_support_demo(cfg)
+    headline = {
+        f"{stage}.{split}.{key}": summary[stage][split][key]
+        for stage in ("sft", "ppo")
+        for split in ("dev", "test")
+        for key in ("task_success", "permission_denied_rate", "leaked_observations")
+    }
+    headline.update(wall_seconds=summary["wall_seconds"], peak_rss_mb=summary["peak_rss_mb"])
+    typer.echo(json.dumps(headline, indent=2))
+    typer.echo(f"summary: {Path(cfg.out_dir) / 'summary.json'}  report: {Path(cfg.out_dir) / 'report.html'}")
 
 
 def _run_real(config: Path | None, smoke: bool, out: str | None, seed: int | None, quiet: bool) -> None:

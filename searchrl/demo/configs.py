@@ -6,8 +6,8 @@ Why one module: both demos are the same stages with different models and data; t
 generation, PPO, SFT) are the same classes, and both build their PPO stage with `stage_ppo_config`. Read side
 by side, what differs between the two is what their fields say. A demo YAML (`configs/demo*.yaml`,
 `configs/real/demo_real_*.yaml`) loads into one of them with `searchrl.common.config.load_config`;
-`is_real_demo_yaml` tells which. The real loop's own sections (LoRA, GRPO, the base models) are in
-`searchrl.demo.real_sections`.
+`demo_yaml_kind` tells which (the customer-service demo's `SupportDemoConfig` is `searchrl.demo.support_config`).
+The real loop's own sections (LoRA, GRPO, the base models) are in `searchrl.demo.real_sections`.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from searchrl.sft.real_expert import RealExpertConfig
 from searchrl.sft.warm_start import SFTWarmStartConfig
 
 REAL_KIND = "real"
+SUPPORT_KIND = "support"  # the customer-service demo's YAML kind (`searchrl.demo.support_config`)
 FINETUNE_MODES: tuple[str, ...] = ("lora", "full")
 
 
@@ -536,13 +537,19 @@ def toy_real_config(out_dir: str, model_dir: str | None = None, seed: int = 0) -
     return cfg
 
 
-def is_real_demo_yaml(path: str | Path) -> bool:
-    """True when a demo YAML asks for the real loop (a top-level `kind: real`)."""
+def demo_yaml_kind(path: str | Path) -> str | None:
+    """The `kind` a demo YAML names at its top level (`real`, `support`), or None (the synthetic demo)."""
     try:
         data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
     except (OSError, yaml.YAMLError):
-        return False  # load_config reports the problem with the file and line
-    return isinstance(data, dict) and data.get("kind") == REAL_KIND
+        return None  # load_config reports the problem with the file and line
+    kind = data.get("kind") if isinstance(data, dict) else None
+    return kind if isinstance(kind, str) else None
+
+
+def is_real_demo_yaml(path: str | Path) -> bool:
+    """True when a demo YAML asks for the real loop (a top-level `kind: real`)."""
+    return demo_yaml_kind(path) == REAL_KIND
 
 
 def check_real_config(cfg: RealDemoConfig) -> None:

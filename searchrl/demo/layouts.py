@@ -74,3 +74,10 @@ def real_demo_layout(baselines: Iterable[str], grpo: bool = False) -> DemoLayout
     return dataclasses.replace(
         layout, sub_runs=(*layout.sub_runs, SubRun("grpo", GRPO_LABELS["our_rollout"]))
     )
+
+
+def support_demo_layout(splits: Iterable[str] = ("dev", "test")) -> DemoLayout:
+    """The customer-service demo (`searchrl demo --task support`): SFT, then PPO, each measured on the dev split
+    and on the hidden test split."""
+    evaluations = [demo_evaluation(stage, split) for stage in ("sft", "ppo") for split in splits]
+    return _layout(evaluations, stages=("sft", "ppo"))

@@ -119,6 +119,20 @@ def eval_timings(runner: StageRunner, questions: int) -> dict[str, dict[str, flo
     }
 
 
+# The customer-service task's own figures (`searchrl.data.support_access.task_metrics`), beside the headline ones.
+TASK_METRICS = ("task_success", "permission_denied_rate", "leaked_observations")
+
+
+def support_headline(summary: dict[str, Any]) -> dict[str, Any]:
+    """What the customer-service demo's summary.json reports of one evaluation: the headline, the task's figures
+    with their 95% intervals, and both per question type."""
+    out = headline(summary)
+    out.update({k: summary[k] for k in TASK_METRICS})
+    out["ci95"].update({k: summary["ci95"][k] for k in TASK_METRICS})
+    out["by_type"] = summary.get("by_type", {})
+    return out
+
+
 def stage_figures(runner: StageRunner) -> dict[str, dict[str, float]]:
     """Per stage: wall seconds, CPU seconds and the process's peak RSS (MB) when it ended."""
     return {

@@ -67,7 +67,7 @@ from searchrl.env.protocol import (
     parse_turn,
 )
 from searchrl.env.sanitize import special_tokens_of
-from searchrl.env.tools import ToolContext, ToolRegistry, ToolSpec
+from searchrl.env.tools import ToolContext, ToolRegistry, ToolSpec, example_call_json
 from searchrl.search.acl import check_principal
 from searchrl.search.base import Backend, Hit
 
@@ -215,8 +215,15 @@ class SearchEnvironment:
         elif self.config.tool_schema_in_prompt:
             prompt = DEFAULT_SYSTEM_PROMPT_CHAT
         else:
-            prompt = DEFAULT_SYSTEM_PROMPT_CHAT_COMPACT
+            prompt = DEFAULT_SYSTEM_PROMPT_CHAT_COMPACT + self._other_tools_line()
         return self._in_citation_style(prompt)
+
+    def _other_tools_line(self) -> str:
+        """Without the template's tool schema, the compact prompt names every other tool the episode offers,
+        each with its description and an example call (empty when search is the only one)."""
+        specs = [self.registry.get(n) for n in self.allowed_tools if n != "search"]
+        lines = [f" {s.name}: {s.description} Call it like this: {example_call_json(s)}" for s in specs if s]
+        return (" Other tools:" + "".join(lines)) if lines else ""
 
     def _in_citation_style(self, text: str) -> str:
         if self.config.citation_style != "number":

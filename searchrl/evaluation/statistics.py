@@ -17,7 +17,7 @@ definitions. Timing (latency) is the only part of a summary that is not determin
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -291,6 +291,59 @@ def summarise(
         for key, idx in sorted(groups.items())
     }
     out["bootstrap"] = {"resamples": n_resamples, "seed": seed, "confidence": confidence}
+    return out
+
+
+def summarise_metrics(
+    trajectories: Sequence[Trajectory],
+    metrics: Mapping[str, Callable[[Trajectory], float]],
+    totals: Collection[str] = (),
+    by: Callable[[Trajectory], str] | None = None,
+    n_resamples: int = DEFAULT_BOOTSTRAP,
+    seed: int = 0,
+    confidence: float = DEFAULT_CONFIDENCE,
+) -> dict[str, Any]:
+    """A task's own per-question figures with their intervals, beside `summarise` (which they leave as it is).
+
+    Each of `metrics` maps one trajectory to a number. Its figure is the mean over questions or, for a name in
+    `totals`, the sum over them (a count over the split, such as leaked observations), each with a seeded
+    percentile-bootstrap interval that resamples questions (a sum's interval is n times its mean's). Keys: `n`,
+    one float per metric, `ci95` (`{metric: [low, high]}`) and, with `by` (a trajectory's group, e.g. its question
+    type), `by_group` with the same keys per group.
+    """
+    trajs = list(trajectories)
+    if not trajs:
+        raise ValueError("summarise_metrics: no trajectories; evaluate at least one question")
+    columns = {name: [float(fn(t)) for t in trajs] for name, fn in metrics.items()}
+    out = _metric_group(columns, set(totals), n_resamples, seed, confidence)
+    if by is not None:
+        groups: dict[str, list[int]] = {}
+        for i, t in enumerate(trajs):
+            groups.setdefault(str(by(t)), []).append(i)
+        out["by_group"] = {
+            key: _metric_group(
+                {name: [col[i] for i in idx] for name, col in columns.items()},
+                set(totals),
+                n_resamples,
+                seed,
+                confidence,
+            )
+            for key, idx in sorted(groups.items())
+        }
+    return out
+
+
+def _metric_group(
+    columns: dict[str, list[float]], totals: set[str], n_resamples: int, seed: int, confidence: float
+) -> dict[str, Any]:
+    n = len(next(iter(columns.values()), []))
+    out: dict[str, Any] = {"n": n}
+    ci: dict[str, list[float]] = {}
+    for name, column in columns.items():
+        scale = float(n) if name in totals else 1.0
+        out[name] = float(np.sum(column)) if name in totals else float(np.mean(column))
+        ci[name] = [scale * v for v in bootstrap_ci(column, n_resamples, seed, confidence)]
+    out[_ci_key(confidence)] = ci
     return out
 
 

@@ -236,6 +236,12 @@ class EngineUsage:
     dropped: int = 0  # answer tokens past the loop's stop
 
 
+def _offered_tools(env: Any) -> dict[str, Any]:
+    """`{"allowed_tools": [...]}` when the environment offered a tool besides search, else nothing."""
+    allowed = list(getattr(env, "allowed_tools", []) or [])
+    return {"allowed_tools": allowed} if set(allowed) - {"search"} else {}
+
+
 def _cited_labels(env: Any) -> dict[str, list[str]]:
     """The bracketed labels as the policy wrote them, when they are not the document ids (numbered sources)."""
     labels = list(getattr(env, "cited_labels", []) or [])
@@ -572,6 +578,10 @@ class TurnLoop:
                 "protocol": "chat" if r.glue is not None else "search_r1",
                 "tools": list(getattr(env, "tools", []) or []),
                 "injection_attempts": int(getattr(env, "injection_attempts", 0) or 0),
+                # Recorded only where they say something: whom the episode acted for, and the tools it
+                # offered when there were more than search (the prompt's schema may be left out).
+                **({"principal": env.principal} if getattr(env, "principal", None) else {}),
+                **_offered_tools(env),
                 **({"error": r.error} if r.error else {}),
                 **_cited_labels(env),
             },

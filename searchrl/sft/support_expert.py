@@ -1,0 +1,208 @@
+"""The support expert: answers the customer-service questions through the real environment and its tools.
+
+What: `SupportExpert.demonstrate(tokenizer, envs, rows)` runs one episode per support row
+(`searchrl.data.support`) through the real rollout engine and `SearchEnvironment` with the task's tools (search
+and get_order), every token forced from the expert's text (`SupportForcing`, a `PlannedTurnForcing`): each turn
+is decided when it starts, from what the environment returned so far. Nothing is rendered by hand.
+
+How the expert acts (one tool call a turn):
+
+- ``where``: search "order <item>", read the order id out of the document it returned, get_order(that id), answer
+  the status the record gives ("delivered on 16 February");
+- ``where_id``: get_order(the id the question names), answer the status;
+- ``return``: search "return <product>", read the cut-off date on the returns page, answer "yes" when the
+  question's purchase date is on or after it, else "no";
+- ``unshipped``: search "order waiting in the warehouse", answer the item of the order document it returned.
+
+When a reading fails (a document the search did not return), the expert answers the row's gold
+(`metadata["read_from"] = "oracle"`), so a demonstration never stalls; with the demo's store every search finds
+its document.
+
+The noise knob, so that the warm start leaves room for RL (`SupportExpertConfig`):
+
+- `skip_lookup`: the share of ``where`` demonstrations that answer from the order document's coarse status
+  ("shipped") instead of calling get_order (right only for an order still waiting);
+- `follow_injection`: the share of demonstrations that, when an observation asks to look up another customer's
+  order, do it: a get_order call the environment denies, then the demonstration goes on as planned.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from transformers import PreTrainedTokenizerBase
+
+from searchrl.common.config import ConfigError, help_text
+from searchrl.common.trajectory import Trajectory
+from searchrl.data import support_text as text
+from searchrl.env.protocol import format_answer, format_tool_call
+from searchrl.rollout.generator import GenerationConfig, HFGenerator
+from searchrl.sft.forcing import PlannedTurnForcing
+
+_BOUGHT_ON = re.compile(r"bought on (\d+ [A-Z][a-z]+)")
+_DOC_ITEM = re.compile(r"\n(.+?), ordered on ")
+_DOC_STATUS = re.compile(r"Status: ([^.]+)\.")
+
+
+@dataclass
+class SupportExpertConfig:
+    """How the support expert demonstrates: its two kinds of imperfection and their seed."""
+
+    skip_lookup: float = field(
+        default=0.65,
+        metadata=help_text(
+            "Share of 'where' demonstrations that answer from the order document without get_order."
+        ),
+    )
+    follow_injection: float = field(
+        default=0.6,
+        metadata=help_text(
+            "Share of demonstrations that, shown a request to look up another customer's order, make that call "
+            "(denied) before going on."
+        ),
+    )
+    seed: int = field(default=0, metadata=help_text("Seed of which rows get which imperfection."))
+
+    def __post_init__(self) -> None:
+        for name in ("skip_lookup", "follow_injection"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ConfigError(f"{name}: must be between 0 and 1 (a share of demonstrations)")
+
+
+@dataclass
+class SupportPlan:
+    """What the expert decided for one row, and the text of each turn so far."""
+
+    row: dict[str, Any]
+    skips_lookup: bool
+    follows_injection: bool
+    texts: list[str] = field(default_factory=list)
+    searches: list[str] = field(default_factory=list)
+    followed: str | None = None  # the injected order id it looked up, if it did
+    read_from: str = "observation"
+
+
+class SupportForcing(PlannedTurnForcing[SupportPlan]):
+    """Each turn's text, decided from the environment's records and observations when the turn starts."""
+
+    def next_text(self, row: int, turn: int) -> str:
+        plan, env = self.plans[row], self.envs[row]
+        calls = [(rec, obs) for rec, obs in zip(env.records, env.observations, strict=False)]
+        if calls and plan.follows_injection and plan.followed is None:
+            injected = _injected_order(calls[-1][1], plan.row.get("order_id"))
+            if injected and calls[-1][0].status == "ok":
+                plan.followed = injected
+                return _get_order(injected)
+        kind = plan.row["type"]
+        return getattr(self, f"_{kind}")(row, plan, [(r, o) for r, o in calls if r.status == "ok"])
+
+    def _where(self, row: int, plan: SupportPlan, ok: list[tuple[Any, str]]) -> str:
+        if not ok:
+            return self.search_call(row, f"order {plan.row['item']}")
+        searched = [o for r, o in ok if r.name == "search"]
+        looked_up = [o for r, o in ok if r.name == "get_order"]
+        if looked_up:
+            return self._answer(plan, _first(_DOC_STATUS, looked_up[0]))
+        if plan.skips_lookup:
+            return self._answer(plan, _first(_DOC_STATUS, searched[0]), fallback=text.SHIPPED)
+        order_id = _first(text.ORDER_ID, searched[0])
+        if order_id is None:
+            plan.read_from, order_id = "oracle", str(plan.row["order_id"])
+        return _get_order(order_id)
+
+    def _where_id(self, row: int, plan: SupportPlan, ok: list[tuple[Any, str]]) -> str:
+        looked_up = [o for r, o in ok if r.name == "get_order"]
+        if not looked_up:
+            return _get_order(_first(text.ORDER_ID, str(plan.row["question"])) or str(plan.row["order_id"]))
+        return self._answer(plan, _first(_DOC_STATUS, looked_up[0]))
+
+    def _return(self, row: int, plan: SupportPlan, ok: list[tuple[Any, str]]) -> str:
+        if not ok:
+            return self.search_call(row, f"return {str(plan.row['item']).split()[-1]}")
+        cutoff = _first(text.RETURNS_CUTOFF, ok[0][1])
+        bought = _first(_BOUGHT_ON, str(plan.row["question"]))
+        if cutoff is None or bought is None:
+            return self._answer(plan, None)
+        return self._answer(plan, "yes" if text.parse_date(bought) >= text.parse_date(cutoff) else "no")
+
+    def _unshipped(self, row: int, plan: SupportPlan, ok: list[tuple[Any, str]]) -> str:
+        if not ok:
+            return self.search_call(row, "order waiting in the warehouse")
+        found = ok[0][1]
+        item = _first(_DOC_ITEM, found) if text.WAITING in found else None
+        return self._answer(plan, item.split(" and ")[0] if item else None)
+
+    @staticmethod
+    def _answer(plan: SupportPlan, answer: str | None, fallback: str | None = None) -> str:
+        if answer is None and fallback is None:
+            plan.read_from, answer = "oracle", str(plan.row["golds"][0])
+        return format_answer(answer if answer is not None else str(fallback))
+
+
+def _get_order(order_id: str) -> str:
+    return format_tool_call("get_order", {"order_id": order_id})
+
+
+def _first(pattern: re.Pattern[str], value: str) -> str | None:
+    match = pattern.search(value)
+    if match is None:
+        return None
+    return match.group(1) if match.groups() else match.group(0)
+
+
+def _injected_order(observation: str, own: Any) -> str | None:
+    """The order id an observation asks the agent to look up (another customer's), if it asks."""
+    for order_id in text.INJECTION_ID.findall(observation):
+        if order_id != own:
+            return order_id
+    return None
+
+
+class SupportExpert:
+    """Plans support demonstrations (with the noise knob) and runs them through the real engine."""
+
+    def __init__(self, config: SupportExpertConfig | None = None) -> None:
+        self.config = config or SupportExpertConfig()
+
+    def plan(self, rows: Sequence[dict[str, Any]]) -> list[SupportPlan]:
+        """Per row, which imperfections it gets; same seed and row, same plan (whatever the batch)."""
+        plans = []
+        for i, row in enumerate(rows):
+            missing = [k for k in ("question", "golds", "type", "order_id", "item") if k not in row]
+            if missing or row.get("type") not in text.QUESTION_TYPES:
+                raise ValueError(
+                    f"row {i} ({row.get('id', '?')}): the support expert needs rows of searchrl.data.support "
+                    f"(missing {missing or ['a known type']})"
+                )
+            rng = random.Random(f"{self.config.seed}/{row.get('id', i)}/{row['question']}")
+            skips = row["type"] == "where" and rng.random() < self.config.skip_lookup
+            plans.append(SupportPlan(dict(row), skips, rng.random() < self.config.follow_injection))
+        return plans
+
+    def demonstrate(
+        self, tokenizer: PreTrainedTokenizerBase, envs: Sequence[Any], rows: Sequence[dict[str, Any]]
+    ) -> list[Trajectory]:
+        """One forced episode per (env, row); each trajectory's metadata says what the expert did."""
+        if len(envs) != len(rows):
+            raise ValueError(f"demonstrate needs one environment per row: got {len(envs)} and {len(rows)}")
+        for env in envs:
+            cfg = env.config
+            if cfg.max_turns < 4 or cfg.max_tool_calls < 3:
+                raise ValueError(
+                    "the support expert needs max_turns >= 4 and max_tool_calls >= 3 (search, get_order, a "
+                    f"followed injection, the answer); the environment allows {cfg.max_turns} and {cfg.max_tool_calls}"
+                )
+        plans = self.plan(rows)
+        forcing = SupportForcing(tokenizer, envs, plans, k=None)
+        generation = GenerationConfig(temperature=1.0, max_new_tokens_per_turn=256, max_episode_tokens=2048)
+        batch = HFGenerator(None, tokenizer, generation, forcing=forcing).rollout(list(envs), list(rows))
+        for traj, plan in zip(batch.trajectories, plans, strict=True):
+            traj.metadata["expert_kind"] = "skip_lookup" if plan.skips_lookup else "expert"
+            traj.metadata["followed_injection"] = plan.followed
+            traj.metadata["read_from"] = plan.read_from
+            traj.metadata["hops"] = plan.row.get("hops")
+        return batch.trajectories
