@@ -306,7 +306,9 @@ def run_load(
         "health_probes": len(health),
         "health_max_ms": max(health) if health else None,
         "clients_finished": sum(1 for t in threads[:clients] if not t.is_alive()),
-        "probe_finished": not threads[clients].is_alive(),  # the /health probe thread, right after the clients
+        "probe_finished": not threads[
+            clients
+        ].is_alive(),  # the /health probe thread, right after the clients
         "client": client_kind,
         "retries": sum(int(r.stats["retries"]) for r in retrying if r is not None),
         "killed_worker": killed or None,
