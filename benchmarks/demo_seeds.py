@@ -18,7 +18,6 @@ match after SFT and after PPO per seed, with the 95% intervals as whiskers.
 from __future__ import annotations
 
 import argparse
-import math
 import statistics
 import sys
 from pathlib import Path
@@ -30,6 +29,7 @@ from _experiment_common import pyplot, save_figure, write_json  # noqa: E402
 from searchrl.common.trajectory import read_trajectories  # noqa: E402
 from searchrl.demo.summary import paired_figures  # noqa: E402
 from searchrl.evaluation.audit import audit_run  # noqa: E402
+from searchrl.evaluation.plots import second_half_mean  # noqa: E402
 from searchrl.run.reader import RunReader  # noqa: E402
 from searchrl.run.writer import SUMMARY_FILE  # noqa: E402
 
@@ -78,7 +78,7 @@ def seed_figures(run: Path) -> dict[str, Any]:
         "peak_rss_mb": summary["peak_rss_mb"],
         "ppo_seconds": summary["stages_seconds"].get("ppo"),
         # issue 25: the critic's explained variance (second half of PPO) and the learning check
-        "explained_variance_2nd_half": _second_half_mean(metrics, "val/explained_variance"),
+        "explained_variance_2nd_half": _rounded(second_half_mean(metrics, "val/explained_variance")),
         "not_learning": any(m.get("eval/not_learning") for m in metrics),
         "warm_start_reused": bool(summary.get("warm_start", {}).get("reused")),
     }
@@ -103,10 +103,8 @@ def _paired(run: Path) -> dict[str, Any]:
     return paired_figures(trajs)["ppo_minus_sft"]
 
 
-def _second_half_mean(metrics: list[dict[str, Any]], key: str) -> float | None:
-    values = [float(m[key]) for m in metrics if isinstance(m.get(key), int | float) and math.isfinite(m[key])]
-    half = values[len(values) // 2 :]
-    return round(statistics.fmean(half), 4) if half else None
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 4)
 
 
 def mean_of(seeds: list[dict[str, Any]]) -> dict[str, float]:

@@ -15,7 +15,6 @@ the two summaries' stage entries the same shape, so the report and the benchmark
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ from searchrl.common.trajectory import Trajectory
 from searchrl.demo.configs import REAL_KIND, RealDemoConfig
 from searchrl.demo.stages import StageRunner
 from searchrl.evaluation import HEADLINE_METRICS
+from searchrl.evaluation.plots import second_half_mean
 from searchrl.evaluation.statistics import paired_comparison
 from searchrl.run.manifest import build_manifest
 from searchrl.run.reader import RunReader
@@ -57,17 +57,12 @@ def learning_figures(run_dir: Path) -> dict[str, Any]:
     if not evals:
         return {}
     first, last = evals[min(evals)], evals[max(evals)]
-    values = [m.get("val/explained_variance") for m in reader.metrics()]
-    finite = [
-        float(v) for v in values if isinstance(v, int | float) and math.isfinite(v)
-    ]  # NaN: a constant batch
-    half = finite[len(finite) // 2 :]
     return {
         "dev_exact_match_first": first.get("eval/exact_match"),
         "dev_exact_match_last": last.get("eval/exact_match"),
         "answers_changed": last.get("eval/answers_changed"),
         "not_learning": bool(last.get("eval/not_learning", 0.0)),
-        "explained_variance_2nd_half": sum(half) / len(half) if half else None,
+        "explained_variance_2nd_half": second_half_mean(reader.metrics(), "val/explained_variance"),
     }
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from searchrl.evaluation.audit import AuditReport
-from searchrl.evaluation.plots import metric_series
+from searchrl.evaluation.plots import metric_series, second_half_mean
 from searchrl.evaluation.tables import finite_number, fmt_cell, html_table
 from searchrl.run.sources import EvalFile
 
@@ -194,8 +194,8 @@ def learning_rows(metrics: Sequence[dict[str, Any]]) -> list[list[str]]:
                      f"{changed[-1][1]:.2f} at step {changed[-1][0]}", verdict])  # fmt: skip
     ev = _numbers(metrics, "val/explained_variance")
     if ev:
-        half = [v for _, v in ev[len(ev) // 2 :]]
-        rows.append(["critic: val/explained_variance", f"mean {sum(half) / len(half):.2f} over the second half",
+        settled = second_half_mean(metrics, "val/explained_variance")
+        rows.append(["critic: val/explained_variance", f"mean {settled:.2f} over the second half",
                      f"last {ev[-1][1]:.2f} (step {ev[-1][0]})"])  # fmt: skip
     return rows
 

@@ -38,6 +38,14 @@ def metric_series(metrics: Sequence[dict[str, Any]], key: str) -> tuple[list[flo
     return xs, ys
 
 
+def second_half_mean(metrics: Sequence[dict[str, Any]], key: str) -> float | None:
+    """Mean of `key`'s finite values over the second half of the lines that log it (a run's settled figure,
+    e.g. the critic's explained variance); None when none does."""
+    _, values = metric_series(metrics, key)
+    half = values[len(values) // 2 :]
+    return sum(half) / len(half) if half else None
+
+
 def _png(fig: Any) -> str:
     """The figure as a base64 PNG; the figure is closed either way (pyplot keeps every open figure)."""
     import matplotlib.pyplot as plt

@@ -18,12 +18,13 @@ so a resumed run compares with the same start.
 
 from __future__ import annotations
 
-import json
 import logging
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from searchrl.run.sources import read_metric_lines
 
 logger = logging.getLogger(__name__)
 
@@ -85,15 +86,11 @@ class LearningCheck:
 
 def logged_kls(metrics_file: Path, current: dict[str, float]) -> list[float]:
     """`objective/kl` of every step logged so far in `metrics_file`, and of the step not yet logged."""
-    kls: list[float] = []
-    if metrics_file.is_file():
-        for line in metrics_file.read_text(encoding="utf-8").splitlines():
-            try:
-                value = json.loads(line).get("objective/kl")
-            except ValueError:
-                continue
-            if isinstance(value, int | float):
-                kls.append(float(value))
+    kls = [
+        float(v)
+        for row in read_metric_lines(metrics_file)
+        if isinstance(v := row.get("objective/kl"), int | float)
+    ]
     if isinstance(current.get("objective/kl"), int | float):
         kls.append(float(current["objective/kl"]))
     return kls
