@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import dataclasses
 import gzip
-import json
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from searchrl.common.config import ConfigError, load_config
+from searchrl.run.sources import read_json
 
 # DemoConfig fields that do not change the warm start: where it is written, what comes after SFT, how fast.
 NOT_WARM_START = ("out_dir", "test_questions", "num_threads", "ppo", "compare_grpo", "progress_bar",
@@ -58,11 +58,7 @@ class ReusedWarmStart:
 
 def warm_start_settings(cfg: Any) -> dict[str, Any]:
     """The DemoConfig fields a warm start depends on, as plain data."""
-    return {
-        f.name: dataclasses.asdict(cfg)[f.name]
-        for f in dataclasses.fields(cfg)
-        if f.name not in NOT_WARM_START
-    }
+    return {name: value for name, value in dataclasses.asdict(cfg).items() if name not in NOT_WARM_START}
 
 
 def find_warm_start(cfg: Any, out: Path) -> tuple[ReusedWarmStart | None, str]:
@@ -81,7 +77,7 @@ def find_warm_start(cfg: Any, out: Path) -> tuple[ReusedWarmStart | None, str]:
     changed = sorted(key for key in now if now[key] != then.get(key))
     if changed:
         return None, f"{saved_config} trained its warm start with other settings: {', '.join(changed)}"
-    summary = _read_json(out / "summary.json")
+    summary = read_json(out / "summary.json") or {}
     stages = {k: v for k, v in summary.get("stages_seconds", {}).items() if k in ("data", "index", "models",
                                                                                   "expert", "sft")}  # fmt: skip
     final_loss = summary.get("sft", {}).get("final_loss")
@@ -101,11 +97,3 @@ def clear_after_warm_start(out: Path) -> None:
 def _count_lines(path: Path) -> int:
     with gzip.open(path, "rt", encoding="utf-8") as f:
         return sum(1 for line in f if line.strip())
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
