@@ -43,6 +43,7 @@ from _experiment_common import (  # noqa: E402
     write_json,
 )
 
+from searchrl.evaluation.plots import second_half_mean  # noqa: E402
 from searchrl.run.reader import RunReader  # noqa: E402
 
 
@@ -63,7 +64,6 @@ def run_seed(spec: dict[str, Any]) -> dict[str, Any]:
     train_from_warm_start(run, args, load_backend(run), eval_rows=dev_rows)
     rows = read_metrics(args.output_dir)
     steps = [r for r in rows if "objective/kl" in r]
-    half = steps[len(steps) // 2 :]
     evals = read_evals(args.output_dir)
 
     def mean_of(key: str, of: list[dict[str, Any]]) -> float | None:
@@ -76,14 +76,18 @@ def run_seed(spec: dict[str, Any]) -> dict[str, Any]:
         "dev_steps": [e.get("step") for e in evals],
         "dev_start": evals[0]["eval/exact_match"] if evals else None,
         "dev_final": evals[-1]["eval/exact_match"] if evals else None,
-        "explained_variance_2nd_half": mean_of("val/explained_variance", half),
-        "explained_variance_mc_2nd_half": mean_of("val/explained_variance_mc", half),
+        "explained_variance_2nd_half": _rounded(second_half_mean(steps, "val/explained_variance")),
+        "explained_variance_mc_2nd_half": _rounded(second_half_mean(steps, "val/explained_variance_mc")),
         "explained_variance": curve(steps, "val/explained_variance_mc"),
         "kl_mean": mean_of("objective/kl", steps),
         "clipfrac_mean": mean_of("policy/clipfrac_avg", steps),
         "rollbacks": len(RunReader(args.output_dir).rollbacks()),
         "train_seconds": steps[-1].get("time/train_s") if steps else None,
     }
+
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 4)
 
 
 def main(argv: list[str]) -> None:

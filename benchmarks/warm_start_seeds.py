@@ -153,6 +153,7 @@ def worker(spec: dict[str, Any]) -> dict[str, Any]:
         "sft_seconds": round(sft_seconds, 1),
         "expert_seconds": runner.timings.get("expert"),
         "final_loss": sft.losses[-1] if sft.losses else None,
+        "copy_gate": sft.copy_gate,
         "losses": sft.losses,
         "probes": probes,
         "num_demonstrations": len(world.demos),

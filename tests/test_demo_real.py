@@ -38,9 +38,9 @@ from searchrl.rewards.citation import citation_status
 from searchrl.rewards.qa import contains_answer
 from searchrl.rollout.generator import GenerationConfig
 from searchrl.search.index import build_index
+from searchrl.sft.examples import sft_example
 from searchrl.sft.forcing import baseline_forcing, question_query
 from searchrl.sft.real_expert import RealExpert, RealExpertConfig
-from searchrl.sft.warm_start import sft_example
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]

@@ -72,3 +72,14 @@ def test_logged_kls_reads_every_logged_step_and_the_current_one(tmp_path: Path) 
     metrics.write_text("".join(json.dumps(line) + "\n" for line in lines) + "not json\n")
     assert logged_kls(metrics, {"objective/kl": 0.05}) == [0.01, 0.03, 0.05]
     assert logged_kls(tmp_path / "missing.jsonl", {}) == []
+
+
+@pytest.mark.parametrize(("exact_match", "warned"), [(0.0, True), (0.25, False)])
+def test_a_start_that_answers_nothing_right_is_said(
+    caplog: pytest.LogCaptureFixture, exact_match: float, warned: bool
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="searchrl.ppo.learning_check"):
+        LearningCheck().after_evaluation(START, {"eval/exact_match": exact_match}, 0, 20, [])
+    said = [r for r in caplog.records if "answers none of the 4 dev questions" in r.getMessage()]
+    assert bool(said) == warned
+    assert not said or "warm start" in said[0].getMessage()

@@ -23,6 +23,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_ppo_trainer import LikedTokens, make_args
 from worlds import TINY_TWO_LAYERS, VARNHOLT_QA
 
 from searchrl.common.config import ConfigError, config_help, load_config
@@ -265,15 +266,6 @@ def test_the_vllm_configs_start_from_truncation_at_two_and_the_paper_recipes_sta
 # --------------------------------------------------------------------------------------------------
 
 
-class LikedTokens:
-    """A learnable stand-in reward (as in test_ppo_trainer.py): the share of sampled ids that are multiples of 4."""
-
-    def score(self, traj) -> tuple[float, dict[str, float]]:
-        sampled = [tid for tid, m in zip(traj.input_ids, traj.action_mask, strict=True) if m]
-        value = sum(tid % 4 == 0 for tid in sampled) / max(1, len(sampled))
-        return value, {"liked_tokens": value}
-
-
 class DisagreeingSampler(HFGenerator):
     """The HF engine, reporting logprobs `gap` nats *below* the model's on the action tokens at even positions
     (`every_token`: on all of them), as a bf16 or vLLM sampler would disagree: the trainer's ratio there is
@@ -299,23 +291,7 @@ def sampler(gap: float, every_token: bool = False):
 
 
 def make_trainer(world, tmp_path, name, factory=None, optimizer_lr=None, **kw) -> PPOTrainer:
-    args = dict(
-        output_dir=str(tmp_path / name),
-        per_device_train_batch_size=2,
-        gradient_accumulation_steps=2,
-        total_episodes=4,
-        num_ppo_epochs=1,
-        max_new_tokens_per_turn=8,
-        max_episode_tokens=40,
-        learning_rate=1e-3,
-        temperature=1.0,
-        save_steps=1000,
-        eval_steps=1000,
-        progress_bar=False,
-        save_trajectories=False,
-        seed=3,
-    )
-    args.update(kw)
+    args = make_args(tmp_path, **{"output_dir": str(tmp_path / name), **kw})  # test_ppo_trainer's tiny run
     policy = copy.deepcopy(world["policy"])
     extra = {}
     if optimizer_lr is not None:  # plain SGD: the step is lr x gradient, so a uniform weight shows in it
@@ -328,7 +304,7 @@ def make_trainer(world, tmp_path, name, factory=None, optimizer_lr=None, **kw) -
             ),
         }
     return PPOTrainer(
-        PPOConfig(**args),
+        args,
         world["tok"],
         policy,
         None,

@@ -21,8 +21,9 @@ from searchrl.models.tiny import build_policy, tokenizer_training_texts, train_t
 from searchrl.rewards.citation import citation_status
 from searchrl.rewards.qa import exact_match, normalize_answer
 from searchrl.rollout.chat import ToolGlue, render_conversation
+from searchrl.sft.examples import IGNORE_INDEX, sft_example
 from searchrl.sft.expert import NOISE_KINDS, ExpertConfig, ExpertPolicy, read_fact_object
-from searchrl.sft.warm_start import IGNORE_INDEX, prompt_texts, sft_example
+from searchrl.sft.warm_start import prompt_texts
 
 MODEL = TINY_ONE_LAYER
 

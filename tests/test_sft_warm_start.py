@@ -19,16 +19,20 @@ from searchrl.common.trajectory import Trajectory
 from searchrl.env.config import EnvConfig
 from searchrl.env.environment import SearchEnvironment
 from searchrl.models.tiny import build_policy, tokenizer_training_texts, train_tokenizer
+from searchrl.sft.examples import (
+    IGNORE_INDEX,
+    answer_turn_example,
+    first_turn_example,
+    sft_dataset,
+    sft_example,
+)
 from searchrl.sft.expert import ExpertConfig, ExpertPolicy
 from searchrl.sft.warm_start import (
-    IGNORE_INDEX,
     SFTWarmStartConfig,
     dev_tool_call_rate,
     make_sft_trainer,
     prompt_texts,
     run_sft,
-    sft_dataset,
-    sft_example,
     warm_start,
 )
 
@@ -144,8 +148,6 @@ def test_bad_sft_config_is_refused(kwargs, needle):
 
 
 def test_first_turn_example_is_the_prompt_and_the_first_action_turn(setup):
-    from searchrl.sft.warm_start import first_turn_example
-
     for traj in setup["demos"][:8]:
         full, first = sft_example(traj), first_turn_example(traj)
         n = len(first["input_ids"])
@@ -158,8 +160,6 @@ def test_first_turn_example_is_the_prompt_and_the_first_action_turn(setup):
 
 
 def test_answer_turn_example_keeps_the_context_and_labels_only_the_last_action_turn(setup):
-    from searchrl.sft.warm_start import answer_turn_example
-
     searched = [t for t in setup["demos"] if len(t.action_texts) > 1][:8]
     assert searched, "the fixture's expert searches before it answers"
     for traj in searched:
@@ -225,3 +225,74 @@ def test_the_plain_loss_gives_trl_s_loss_and_gradients(setup, tmp_path):
     assert plain_value == pytest.approx(trl_value, rel=1e-5)
     assert torch.nn.functional.cosine_similarity(plain_grad, trl_grad, dim=0) > 0.9999
     assert torch.allclose(plain_grad, trl_grad, rtol=1e-3, atol=1e-6)
+
+
+GATED = SFTWarmStartConfig(
+    max_steps=8,
+    per_device_train_batch_size=2,
+    lr_scheduler_type="warmup_stable_decay",
+    decay_ratio=0.25,  # the decay's 2 steps start after step 6: where the gate measures
+    logging_steps=1,
+    copy_gate=0.5,
+    copy_gate_chunk=3,
+    copy_gate_max_steps=9,
+)
+
+
+def _rates(monkeypatch, *rates: float) -> list[float]:
+    """The copy gate's measurements, in order (the last one repeats)."""
+    from searchrl.sft import copy_check
+
+    given = list(rates)
+    monkeypatch.setattr(
+        copy_check, "answer_copy_rate", lambda policy, demos: given.pop(0) if len(given) > 1 else given[0]
+    )
+    return given
+
+
+def test_a_policy_that_copies_at_the_gate_trains_exactly_as_without_it(setup, monkeypatch):
+    _rates(monkeypatch, 0.9)
+    torch.manual_seed(0)
+    gated = run_sft(build_policy(setup["tok"], MODEL), setup["tok"], setup["demos"][:8], GATED)
+    torch.manual_seed(0)
+    plain = run_sft(
+        build_policy(setup["tok"], MODEL),
+        setup["tok"],
+        setup["demos"][:8],
+        dataclasses.replace(GATED, copy_gate=0.0),
+    )
+    assert gated.copy_gate == [{"step": 6.0, "answer_copy_rate": 0.9}] and plain.copy_gate == []
+    assert len(gated.losses) == len(plain.losses) == 8
+    plain_weights = dict(plain.policy.named_parameters())
+    assert all(torch.equal(p, plain_weights[n]) for n, p in gated.policy.named_parameters())
+
+
+def test_a_policy_that_does_not_copy_trains_on_at_the_stable_rate_until_it_does_then_decays(
+    setup, monkeypatch
+):
+    _rates(monkeypatch, 0.0, 0.1, 0.8, 0.85)  # at the gate, after each stable chunk, after the decay
+    outcome = run_sft(build_policy(setup["tok"], MODEL), setup["tok"], setup["demos"][:8], GATED)
+    assert [h["step"] for h in outcome.copy_gate] == [6, 9, 12, 14]
+    assert [h["answer_copy_rate"] for h in outcome.copy_gate] == [0.0, 0.1, 0.8, 0.85]
+    assert len(outcome.losses) == 6 + 3 + 3 + 2  # the whole phase stopped at the gate; two chunks; the decay
+
+
+def test_the_gate_gives_up_when_its_budget_is_spent_and_still_decays(setup, monkeypatch):
+    _rates(monkeypatch, 0.0)
+    config = dataclasses.replace(GATED, copy_gate_max_steps=4)
+    outcome = run_sft(build_policy(setup["tok"], MODEL), setup["tok"], setup["demos"][:8], config)
+    assert [h["step"] for h in outcome.copy_gate] == [6, 9, 10, 12]  # chunks of 3 and 1, then the decay
+    assert len(outcome.losses) == 12
+
+
+@pytest.mark.parametrize(
+    ("changes", "needle"),
+    [
+        ({"copy_gate": 1.5}, "copy_gate: a share"),
+        ({"lr_scheduler_type": "cosine"}, "warmup_stable_decay"),
+        ({"copy_gate_chunk": 0}, "copy_gate_chunk"),
+    ],
+)
+def test_a_bad_copy_gate_is_refused(changes, needle):
+    with pytest.raises(ConfigError, match=needle):
+        dataclasses.replace(GATED, **changes)

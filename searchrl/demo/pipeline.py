@@ -58,7 +58,7 @@ import torch
 
 from searchrl.common.config import save_config
 from searchrl.common.io import write_jsonl
-from searchrl.common.trajectory import write_trajectories
+from searchrl.common.trajectory import read_trajectories, write_trajectories
 from searchrl.data.synthetic import generate, practice_world, preset_config
 from searchrl.demo.configs import DemoConfig, check_demo_config
 from searchrl.demo.layouts import GRPO_LABELS, synthetic_demo_layout
@@ -78,6 +78,7 @@ from searchrl.run.manifest import build_manifest
 from searchrl.run.writer import write_evaluation
 from searchrl.search.faults import FindsNothing
 from searchrl.search.index import build_index
+from searchrl.sft.copy_check import answer_copy_rate, warn_if_not_copying
 from searchrl.sft.expert import ExpertPolicy
 from searchrl.sft.warm_start import prompt_texts, run_sft, sft_total_steps
 
@@ -219,11 +220,16 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
             ),
             total=sft_total_steps(sft_cfg, len(demos)),
         )
-        sft_policy, sft_losses = sft.policy, sft.losses
+        sft_policy, sft_losses, copy_gate = sft.policy, sft.losses, sft.copy_gate
         sft_dir = save_model_dir(sft_policy, tok, out / "sft" / "policy")
     else:
         sft_policy, sft_dir = world.policy, reused.policy_dir
         sft_losses = [] if reused.final_loss is None else [reused.final_loss]
+        copy_gate = reused.copy_gate
+    # Did the warm start learn to copy answers out of observations? Without it PPO has no answer reward to
+    # learn from (issue 25's seed 9). Teacher-forced on the last demonstrations: no random number is drawn.
+    copy_rate = answer_copy_rate(sft_policy, demos or read_trajectories(out / "sft" / "expert.jsonl.gz"))
+    warn_if_not_copying(copy_rate)
 
     # 6. evaluate the warm start on the hidden test split, and closed-book (the leak check) ---------------
     sft_summary, sft_trajs = evaluate("eval sft", sft_policy, world.env_factory)
@@ -247,6 +253,8 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
             "test": headline(sft_summary),
             "closed_book_test": headline(closed_summary),
             "final_loss": sft_losses[-1] if sft_losses else None,
+            "answer_copy_rate": copy_rate,
+            "copy_gate": copy_gate,  # the gate's measurements: whole-phase step, answer-copy rate
         },
         "ppo": {
             "test": headline(ppo_summary),

@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import gzip
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +47,7 @@ class ReusedWarmStart:
     num_demonstrations: int
     final_loss: float | None
     stages_seconds: dict[str, float]
+    copy_gate: list[dict[str, float]] = field(default_factory=list)
 
     def to_summary(self) -> dict[str, Any]:
         return {
@@ -80,8 +81,10 @@ def find_warm_start(cfg: Any, out: Path) -> tuple[ReusedWarmStart | None, str]:
     summary = read_json(out / "summary.json") or {}
     stages = {k: v for k, v in summary.get("stages_seconds", {}).items() if k in ("data", "index", "models",
                                                                                   "expert", "sft")}  # fmt: skip
-    final_loss = summary.get("sft", {}).get("final_loss")
-    return ReusedWarmStart(policy_dir, _count_lines(demos), final_loss, stages), ""
+    sft = summary.get("sft", {})
+    return ReusedWarmStart(
+        policy_dir, _count_lines(demos), sft.get("final_loss"), stages, sft.get("copy_gate") or []
+    ), ""
 
 
 def clear_after_warm_start(out: Path) -> None:

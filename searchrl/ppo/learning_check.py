@@ -12,6 +12,9 @@ evaluation, in the metrics line and `eval/step-N.json`:
   is the first evaluation's and the mean `objective/kl` so far is below `NOT_LEARNING_KL`; else 0.0. The
   first time it fires, a warning names the usual cause (the policy's learning rate) and what to try.
 
+A first evaluation with no answer right gets a warning of its own: a warm start that never learned to
+answer (issue 25's seed 9) leaves PPO no answer reward to learn from.
+
 The demo's summary and report show both (`ppo.learning`). The first evaluation's answers are checkpointed,
 so a resumed run compares with the same start.
 """
@@ -51,6 +54,13 @@ class LearningCheck:
         if self.first_answers is None:
             self.first_answers = dict(answers)
             self.first_exact_match = metrics.get("eval/exact_match")
+            if self.first_exact_match == 0.0 and answers:
+                logger.warning(
+                    "the starting policy answers none of the %d dev questions right: if its training episodes "
+                    "fare the same, every answer reward is 0 and PPO has nothing to learn from. Check the warm "
+                    "start first (the demo's sft.answer_copy_rate, its SFT loss).",
+                    len(answers),
+                )
             return {"eval/answers_changed": 0.0, "eval/not_learning": 0.0}
         shared = [key for key in answers if key in self.first_answers]
         changed = sum(answers[key] != self.first_answers[key] for key in shared) / max(1, len(shared))

@@ -52,9 +52,13 @@ from searchrl.models.tiny import TinyModelConfig, build_policy, tokenizer_traini
 from searchrl.rollout.chat import render_conversation
 from searchrl.rollout.generator import GenerationConfig, HFGenerator
 from searchrl.sections import EnvironmentSection
+from searchrl.sft.copy_check import CopyGate
+from searchrl.sft.examples import (
+    IGNORE_INDEX,
+    sft_dataset,
+)
 from searchrl.sft.expert import ExpertConfig, ExpertPolicy
 
-IGNORE_INDEX = -100
 logger = logging.getLogger("searchrl.sft")
 
 
@@ -101,6 +105,21 @@ class SFTWarmStartConfig(ScheduleSection):
     answer_turn_batch_size: int = field(
         default=32, metadata=help_text("Examples per optimizer step of the answer-turn curriculum.")
     )
+    copy_gate: float = field(
+        default=0.0,
+        metadata=help_text(
+            "With warmup_stable_decay: the answer-copy rate (the share of the last 256 demonstrations whose "
+            "answer turn the policy reproduces, sft/copy_check.py) to reach before the learning rate decays. "
+            "Below it, training goes on at the stable rate in copy_gate_chunk steps until it is reached or "
+            "copy_gate_max_steps more were spent, then decays. 0 = no gate."
+        ),
+    )
+    copy_gate_chunk: int = field(
+        default=250, metadata=help_text("Stable-rate steps between two measurements of the copy gate.")
+    )
+    copy_gate_max_steps: int = field(
+        default=1000, metadata=help_text("Most stable-rate steps the copy gate may add.")
+    )
     trl_loss: bool = field(
         default=True,
         metadata=help_text(
@@ -127,6 +146,15 @@ class SFTWarmStartConfig(ScheduleSection):
             raise ConfigError("first_turn_steps must be >= 0 and first_turn_batch_size >= 1")
         if self.answer_turn_steps < 0 or self.answer_turn_batch_size < 1:
             raise ConfigError("answer_turn_steps must be >= 0 and answer_turn_batch_size >= 1")
+        if not 0.0 <= self.copy_gate <= 1.0:
+            raise ConfigError(f"copy_gate: a share of demonstrations in [0, 1], got {self.copy_gate}")
+        if self.copy_gate > 0 and self.lr_scheduler_type != "warmup_stable_decay":
+            raise ConfigError(
+                f"copy_gate needs lr_scheduler_type warmup_stable_decay (it acts where the decay starts), got "
+                f"{self.lr_scheduler_type!r}: set the scheduler or copy_gate: 0"
+            )
+        if self.copy_gate_chunk < 1 or self.copy_gate_max_steps < 0:
+            raise ConfigError("copy_gate_chunk must be >= 1 and copy_gate_max_steps >= 0")
 
 
 @dataclass
@@ -138,77 +166,9 @@ class SFTOutcome:
     metrics: dict[str, float]
     num_examples: int
     trained_tokens: int
-
-
-def sft_example(traj: Trajectory, max_length: int | None = None) -> dict[str, list[int]]:
-    """One pre-tokenised example: the trajectory's ids, labels only on action tokens (-100 elsewhere)."""
-    traj.validate()
-    ids = [int(i) for i in traj.input_ids]
-    labels = [tok if m else IGNORE_INDEX for tok, m in zip(ids, traj.action_mask, strict=True)]
-    if max_length is not None and len(ids) > max_length:
-        ids, labels = ids[:max_length], labels[:max_length]
-    return {"input_ids": ids, "labels": labels}
-
-
-def _action_turns(action_mask: Sequence[int]) -> list[tuple[int, int]]:
-    """(start, end) of each run of action tokens, in order: the policy's turns."""
-    turns: list[tuple[int, int]] = []
-    for i, m in enumerate(action_mask):
-        if m and (i == 0 or not action_mask[i - 1]):
-            turns.append((i, i + 1))
-        elif m:
-            turns[-1] = (turns[-1][0], i + 1)
-    return turns
-
-
-def first_turn_example(traj: Trajectory) -> dict[str, list[int]]:
-    """The trajectory cut after its first action turn: prompt + first action, labels on that turn only."""
-    example = sft_example(traj)
-    turns = _action_turns(traj.action_mask)
-    if not turns:
-        return example
-    end = turns[0][1]
-    return {"input_ids": example["input_ids"][:end], "labels": example["labels"][:end]}
-
-
-def answer_turn_example(traj: Trajectory, max_length: int | None = None) -> dict[str, list[int]]:
-    """The trajectory up to the end of its last action turn, labels on that turn only (the answer)."""
-    example = sft_example(traj, max_length)
-    turns = _action_turns(traj.action_mask[: len(example["input_ids"])])
-    if not turns:
-        return example
-    start, end = turns[-1]
-    labels = [IGNORE_INDEX] * start + example["labels"][start:end]
-    return {"input_ids": example["input_ids"][:end], "labels": labels}
-
-
-def sft_dataset(
-    trajectories: Sequence[Trajectory],
-    max_length: int | None = None,
-    first_turn_only: bool = False,
-    answer_turn_only: bool = False,
-) -> Dataset:
-    """A `datasets.Dataset` of `sft_example`s (or `first_turn_example`s, or `answer_turn_example`s);
-    trajectories without a trainable token are refused."""
-    if first_turn_only and answer_turn_only:
-        raise ValueError("first_turn_only and answer_turn_only exclude each other: choose one")
-    examples = []
-    for traj in trajectories:
-        if first_turn_only:
-            example = first_turn_example(traj)
-        elif answer_turn_only:
-            example = answer_turn_example(traj, max_length)
-        else:
-            example = sft_example(traj, max_length)
-        if all(label == IGNORE_INDEX for label in example["labels"]):
-            raise ValueError(
-                f"trajectory {traj.id} has no action token within max_length={max_length}: nothing to train; "
-                "raise max_length or drop the trajectory"
-            )
-        examples.append(example)
-    if not examples:
-        raise ValueError("warm start needs at least one trajectory; generate demonstrations first")
-    return Dataset.from_list(examples)
+    copy_gate: list[dict[str, float]] = field(
+        default_factory=list
+    )  # CopyGate.history: step, answer_copy_rate
 
 
 class _LossRecorder(TrainerCallback):
@@ -232,6 +192,11 @@ def _steps_of(config: SFTWarmStartConfig, num_examples: int) -> int:
     return max(1, math.ceil(per_epoch * config.num_train_epochs))
 
 
+def _decay_steps(config: SFTWarmStartConfig, num_examples: int) -> int:
+    """The steps warmup_stable_decay spends decaying (the last `decay_ratio` of the phase)."""
+    return max(1, round(config.decay_ratio * _steps_of(config, num_examples)))
+
+
 def sft_total_steps(config: SFTWarmStartConfig, num_examples: int) -> int:
     """The optimizer steps `run_sft` takes on `num_examples` demonstrations: the curriculum's phases
     (`first_turn_steps`, `answer_turn_steps`) and the whole-demonstration phase (a progress bar's total)."""
@@ -243,7 +208,7 @@ def _sft_config(config: SFTWarmStartConfig, output_dir: str, num_examples: int =
 
     scheduler_kwargs: dict[str, Any] = {}
     if config.lr_scheduler_type == "warmup_stable_decay":
-        decay = max(1, round(config.decay_ratio * _steps_of(config, num_examples)))
+        decay = _decay_steps(config, num_examples)
         scheduler_kwargs = {"num_decay_steps": decay, "min_lr_ratio": 0.05, "decay_type": "linear"}
     return SFTConfig(
         output_dir=output_dir,
@@ -327,6 +292,7 @@ def _curriculum_phase(config: SFTWarmStartConfig, steps: int, batch_size: int) -
         per_device_train_batch_size=batch_size,
         gradient_accumulation_steps=1,
         lr_scheduler_type="constant_with_warmup",
+        copy_gate=0.0,  # the gate belongs to the whole-demonstration phase
     )
 
 
@@ -360,25 +326,20 @@ def run_sft(
         torch.set_num_threads(config.num_threads)
     recorder = _LossRecorder()
     metrics: dict[str, float] = {}
+    gate = None
+    if config.copy_gate > 0:  # measured where the decay would start (`searchrl.sft.copy_check.CopyGate`)
+        stable_steps = _steps_of(config, len(dataset)) - _decay_steps(config, len(dataset))
+        gate = CopyGate(trajectories, at_step=stable_steps, rate=config.copy_gate)
     policy.train()
     try:
-        for phase_config, phase_data in phases:
-            with tempfile.TemporaryDirectory(prefix="searchrl-sft-") as scratch:
-                trainer = make_sft_trainer(
-                    policy,
-                    tokenizer,
-                    phase_data,
-                    phase_config,
-                    config.output_dir or scratch,
-                    callbacks=[recorder, *callbacks],
-                )
-                result = trainer.train()
-            policy = trainer.model
-            for key, value in result.metrics.items():
-                if isinstance(value, int | float):  # runtimes add up over the phases; the rest is the last's
-                    metrics[key] = (
-                        metrics.get(key, 0.0) + float(value) if key.endswith("runtime") else float(value)
-                    )
+        for i, (phase_config, phase_data) in enumerate(phases):
+            whole = i == len(phases) - 1
+            extra = [gate] if whole and gate is not None else []
+            policy = _train_phase(policy, tokenizer, phase_data, phase_config, [recorder, *callbacks, *extra],
+                                  metrics)  # fmt: skip
+        if gate is not None and gate.stopped_early:
+            policy = _extend_until_copying(policy, tokenizer, dataset, config, gate, [recorder, *callbacks],
+                                           metrics)  # fmt: skip
     finally:
         torch.set_num_threads(threads)
         # TRL's fused LM head and accelerate's bf16 autocast stay on `policy.forward` after training; without
@@ -393,7 +354,54 @@ def run_sft(
         metrics=metrics,
         num_examples=len(dataset),
         trained_tokens=trained_tokens,
+        copy_gate=gate.history if gate is not None else [],
     )
+
+
+def _train_phase(
+    policy: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    data: Dataset,
+    config: SFTWarmStartConfig,
+    callbacks: list[TrainerCallback],
+    metrics: dict[str, float],
+) -> PreTrainedModel:
+    """One trainer over `data`; its final metrics join `metrics` (runtimes add up, the rest is the last's)."""
+    with tempfile.TemporaryDirectory(prefix="searchrl-sft-") as scratch:
+        trainer = make_sft_trainer(policy, tokenizer, data, config, config.output_dir or scratch, callbacks)
+        result = trainer.train()
+    for key, value in result.metrics.items():
+        if isinstance(value, int | float):
+            metrics[key] = metrics.get(key, 0.0) + float(value) if key.endswith("runtime") else float(value)
+    return trainer.model
+
+
+def _extend_until_copying(
+    policy: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    dataset: Dataset,
+    config: SFTWarmStartConfig,
+    gate: CopyGate,
+    callbacks: list[TrainerCallback],
+    metrics: dict[str, float],
+) -> PreTrainedModel:
+    """The copy gate failed where the decay would start: more stable-rate steps, `copy_gate_chunk` at a time,
+    until the policy copies or `copy_gate_max_steps` are spent; then the decay the schedule had planned."""
+    step, extra, chunk_index = gate.at_step, 0, 0
+    while not gate.passed and extra < config.copy_gate_max_steps:
+        steps = min(config.copy_gate_chunk, config.copy_gate_max_steps - extra)
+        # A new data order per chunk (the same seed would replay the same batches); no gate inside a chunk.
+        stable = dataclasses.replace(config, max_steps=steps, lr_scheduler_type="constant_with_warmup",
+                                     seed=config.seed + 1 + chunk_index, copy_gate=0.0)  # fmt: skip
+        policy = _train_phase(policy, tokenizer, dataset, stable, callbacks, metrics)
+        extra, step, chunk_index = extra + steps, step + steps, chunk_index + 1
+        gate.measure(policy, step)
+    decay_steps = _decay_steps(config, len(dataset))
+    decay = dataclasses.replace(config, max_steps=decay_steps, warmup_ratio=0.0, decay_ratio=1.0,
+                                seed=config.seed + 1 + chunk_index, copy_gate=0.0)  # fmt: skip
+    policy = _train_phase(policy, tokenizer, dataset, decay, callbacks, metrics)
+    gate.measure(policy, step + decay_steps)
+    return policy
 
 
 def warm_start(

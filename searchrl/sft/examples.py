@@ -1,0 +1,89 @@
+"""SFT examples from trajectories: the ids exactly as the rollout wrote them, labels on the policy's own tokens.
+
+`sft_example` labels every action token (-100 elsewhere: the prompt, observations and the chat template's
+glue carry no loss); `first_turn_example` and `answer_turn_example` cut a trajectory to one of the warm
+start's curriculum phases (`searchrl.sft.warm_start`, module docstring); `sft_dataset` builds a
+`datasets.Dataset` of them. Kept apart from the trainer so that what reads a demonstration the same way
+(the copy check, `searchrl.sft.copy_check`) needs no trainer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from datasets import Dataset
+
+from searchrl.common.trajectory import Trajectory
+
+IGNORE_INDEX = -100
+
+
+def sft_example(traj: Trajectory, max_length: int | None = None) -> dict[str, list[int]]:
+    """One pre-tokenised example: the trajectory's ids, labels only on action tokens (-100 elsewhere)."""
+    traj.validate()
+    ids = [int(i) for i in traj.input_ids]
+    labels = [tok if m else IGNORE_INDEX for tok, m in zip(ids, traj.action_mask, strict=True)]
+    if max_length is not None and len(ids) > max_length:
+        ids, labels = ids[:max_length], labels[:max_length]
+    return {"input_ids": ids, "labels": labels}
+
+
+def _action_turns(action_mask: Sequence[int]) -> list[tuple[int, int]]:
+    """(start, end) of each run of action tokens, in order: the policy's turns."""
+    turns: list[tuple[int, int]] = []
+    for i, m in enumerate(action_mask):
+        if m and (i == 0 or not action_mask[i - 1]):
+            turns.append((i, i + 1))
+        elif m:
+            turns[-1] = (turns[-1][0], i + 1)
+    return turns
+
+
+def first_turn_example(traj: Trajectory) -> dict[str, list[int]]:
+    """The trajectory cut after its first action turn: prompt + first action, labels on that turn only."""
+    example = sft_example(traj)
+    turns = _action_turns(traj.action_mask)
+    if not turns:
+        return example
+    end = turns[0][1]
+    return {"input_ids": example["input_ids"][:end], "labels": example["labels"][:end]}
+
+
+def answer_turn_example(traj: Trajectory, max_length: int | None = None) -> dict[str, list[int]]:
+    """The trajectory up to the end of its last action turn, labels on that turn only (the answer)."""
+    example = sft_example(traj, max_length)
+    turns = _action_turns(traj.action_mask[: len(example["input_ids"])])
+    if not turns:
+        return example
+    start, end = turns[-1]
+    labels = [IGNORE_INDEX] * start + example["labels"][start:end]
+    return {"input_ids": example["input_ids"][:end], "labels": labels}
+
+
+def sft_dataset(
+    trajectories: Sequence[Trajectory],
+    max_length: int | None = None,
+    first_turn_only: bool = False,
+    answer_turn_only: bool = False,
+) -> Dataset:
+    """A `datasets.Dataset` of `sft_example`s (or `first_turn_example`s, or `answer_turn_example`s);
+    trajectories without a trainable token are refused."""
+    if first_turn_only and answer_turn_only:
+        raise ValueError("first_turn_only and answer_turn_only exclude each other: choose one")
+    examples = []
+    for traj in trajectories:
+        if first_turn_only:
+            example = first_turn_example(traj)
+        elif answer_turn_only:
+            example = answer_turn_example(traj, max_length)
+        else:
+            example = sft_example(traj, max_length)
+        if all(label == IGNORE_INDEX for label in example["labels"]):
+            raise ValueError(
+                f"trajectory {traj.id} has no action token within max_length={max_length}: nothing to train; "
+                "raise max_length or drop the trajectory"
+            )
+        examples.append(example)
+    if not examples:
+        raise ValueError("warm start needs at least one trajectory; generate demonstrations first")
+    return Dataset.from_list(examples)

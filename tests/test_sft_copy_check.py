@@ -1,0 +1,79 @@
+"""The warm start's copy check (`searchrl.sft.copy_check`): the answer-copy rate counts the demonstrations
+whose answer turn the policy reproduces token for token, leaves the random generators alone, and tells a
+policy that copies from one that answers every question with one memorised name (issue 25's seed 9)."""
+
+from __future__ import annotations
+
+import torch
+from transformers.modeling_outputs import CausalLMOutput
+
+from searchrl.common.trajectory import Trajectory
+from searchrl.sft.copy_check import answer_copy_rate
+
+VOCAB = 32
+
+
+def demo(tid: str, answer: list[int]) -> Trajectory:
+    """Prompt (mask 0), a tool call (mask 1), an observation holding the answer (mask 0), the answer turn."""
+    prompt, call, observation = [1, 2, 3], [4, 5], [6, *answer, 7]
+    ids = prompt + call + observation + answer + [8]
+    mask = [0] * 3 + [1] * 2 + [0] * len(observation) + [1] * (len(answer) + 1)
+    return Trajectory(
+        id=tid, question_id=tid, question="q", golds=["x"], input_ids=ids, action_mask=mask,
+        logprobs=[0.0] * len(ids), prompt_length=3,
+    )  # fmt: skip
+
+
+class Oracle(torch.nn.Module):
+    """Predicts each demonstration's next token (it knows them), except the answer tokens in `wrong`."""
+
+    def __init__(self, demos: list[Trajectory], wrong: set[int] = frozenset()) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.zeros(1))
+        self.next = {tuple(d.input_ids[: i + 1]): d.input_ids[i + 1] for d in demos for i in range(len(d.input_ids) - 1)}
+        self.wrong = wrong
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> CausalLMOutput:
+        logits = torch.zeros(*input_ids.shape, VOCAB)
+        for row in range(input_ids.shape[0]):
+            n = int(attention_mask[row].sum())
+            for i in range(n):
+                token = self.next.get(tuple(input_ids[row, : i + 1].tolist()), 0)
+                logits[row, i, 0 if token in self.wrong else token] = 1.0
+        return CausalLMOutput(logits=logits)
+
+
+DEMOS = [demo("a", [20, 21]), demo("b", [22]), demo("c", [23, 24, 25]), demo("d", [26])]
+
+
+def test_a_policy_that_copies_every_answer_scores_one():
+    assert answer_copy_rate(Oracle(DEMOS), DEMOS, batch_size=3) == 1.0
+
+
+def test_one_wrong_answer_token_fails_that_demonstration_only():
+    # 24 is the middle of c's answer: c fails, the others copy (padding of shorter rows never counts).
+    assert answer_copy_rate(Oracle(DEMOS, wrong={24}), DEMOS, batch_size=4) == 0.75
+
+
+def test_a_memorised_answer_scores_zero():
+    class SameNameForEveryone(Oracle):
+        def forward(self, input_ids, attention_mask):
+            out = super().forward(input_ids, attention_mask)
+            answer_start = (input_ids == 7).nonzero()  # the position after the observation: one memorised name
+            for row, col in answer_start.tolist():
+                out.logits[row, col] = 0.0
+                out.logits[row, col, 30] = 1.0
+            return out
+
+    assert answer_copy_rate(SameNameForEveryone(DEMOS), DEMOS) == 0.0
+
+
+def test_only_the_last_demonstrations_are_read_and_the_generators_are_left_alone():
+    torch.manual_seed(3)
+    before = torch.get_rng_state()
+    model = Oracle(DEMOS, wrong={20})
+    model.train()
+    assert answer_copy_rate(model, DEMOS, max_examples=3) == 1.0  # a (the one it gets wrong) is not read
+    assert answer_copy_rate(model, DEMOS, max_examples=4) == 0.75
+    assert torch.equal(torch.get_rng_state(), before)
+    assert model.training, "the policy's train/eval mode is restored"
