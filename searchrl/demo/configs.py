@@ -146,12 +146,12 @@ class DemoConfig:
             first_turn_steps=300,
             first_turn_batch_size=64,
             # Where the decay would start (step 750), the policy must reproduce half of the demonstrations'
-            # answer turns, else it trains on at the stable rate, 250 steps at a time (at most 1,000), until it
-            # does: seed 9 began to copy only after about 700 stable steps, and a decayed rate never finished it
-            # (issue 25; docs/demo.md "Seeds"). Seeds whose policy already copies there train exactly as before.
+            # answer turns, else it trains on at the stable rate, 250 steps at a time (at most 2,000), until it
+            # does: seed 9 still copied none at step 750, reached 0.26 after 1,000 more, and a decayed rate never
+            # finished it (issue 25; docs/demo.md). Seeds that already copy there train exactly as before.
             copy_gate=0.5,
             copy_gate_chunk=250,
-            copy_gate_max_steps=1000,
+            copy_gate_max_steps=2000,
             bf16=True,
             trl_loss=False,
             logging_steps=25,
