@@ -30,7 +30,11 @@ class Oracle(torch.nn.Module):
     def __init__(self, demos: list[Trajectory], wrong: set[int] = frozenset()) -> None:
         super().__init__()
         self.weight = torch.nn.Parameter(torch.zeros(1))
-        self.next = {tuple(d.input_ids[: i + 1]): d.input_ids[i + 1] for d in demos for i in range(len(d.input_ids) - 1)}
+        self.next = {
+            tuple(d.input_ids[: i + 1]): d.input_ids[i + 1]
+            for d in demos
+            for i in range(len(d.input_ids) - 1)
+        }
         self.wrong = wrong
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> CausalLMOutput:
@@ -59,7 +63,9 @@ def test_a_memorised_answer_scores_zero():
     class SameNameForEveryone(Oracle):
         def forward(self, input_ids, attention_mask):
             out = super().forward(input_ids, attention_mask)
-            answer_start = (input_ids == 7).nonzero()  # the position after the observation: one memorised name
+            answer_start = (
+                input_ids == 7
+            ).nonzero()  # the position after the observation: one memorised name
             for row, col in answer_start.tolist():
                 out.logits[row, col] = 0.0
                 out.logits[row, col, 30] = 1.0
