@@ -28,7 +28,6 @@ Nothing here touches the test split.
 from __future__ import annotations
 
 import argparse
-import random
 import statistics
 import sys
 import tempfile
@@ -66,21 +65,19 @@ def bootstrap_shares(
     g0: list[float], v0: list[float], groups: list[list[int]], draws: int = 1000, seed: int = 0
 ) -> dict[str, list[float]]:
     """95% intervals of both shares, resampling questions (with all their samples) with replacement."""
-    rng = random.Random(seed)
-    drawn: dict[str, list[float]] = {"ideal_first_token": [], "critic_first_token": []}
-    for _ in range(draws):
-        picked = [groups[rng.randrange(len(groups))] for _ in groups]
-        flat = [i for idx in picked for i in idx]
-        offsets = [list(range(k * len(idx), (k + 1) * len(idx))) for k, idx in enumerate(picked)]
-        shares = variance_shares([g0[i] for i in flat], [v0[i] for i in flat], offsets)
-        for key, values in drawn.items():
-            values.append(shares[key])
-    return {key: [_quantile(v, 0.025), _quantile(v, 0.975)] for key, v in drawn.items()}
+    from searchrl.evaluation.statistics import bootstrap_statistic_ci
 
+    def share_of(key: str) -> Any:
+        def statistic(picked: Any) -> float:
+            chosen = [groups[int(q)] for q in picked]
+            flat = [i for idx in chosen for i in idx]
+            offsets = [list(range(k * len(idx), (k + 1) * len(idx))) for k, idx in enumerate(chosen)]
+            return variance_shares([g0[i] for i in flat], [v0[i] for i in flat], offsets)[key]
 
-def _quantile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
+        return statistic
+
+    keys = ("ideal_first_token", "critic_first_token")
+    return {key: list(bootstrap_statistic_ci(len(groups), share_of(key), draws, seed)) for key in keys}
 
 
 def measure(run_dir: str, step: int, prompts: int, samples: int, batch: int) -> dict[str, Any]:

@@ -15,6 +15,8 @@ from hypothesis import strategies as st
 from test_eval_metrics import traj
 
 from searchrl.evaluation.statistics import (
+    bootstrap_ci,
+    bootstrap_statistic_ci,
     paired_comparison,
     paired_difference,
     unpaired_difference_ci,
@@ -88,3 +90,17 @@ def test_paired_comparison_pairs_by_question_id():
         paired_comparison(first, second[:2])
     with pytest.raises(ValueError, match="same questions"):
         paired_comparison(first, [*second, traj("a", "y", ["y"])])
+
+
+@given(scores, st.integers(0, 2**16))
+@settings(max_examples=40, deadline=None)
+def test_the_statistic_bootstrap_of_a_mean_is_bootstrap_ci(values, seed):
+    x = np.asarray(values)
+    assert bootstrap_statistic_ci(len(x), lambda idx: float(x[idx].mean()), 200, seed) == bootstrap_ci(
+        values, 200, seed
+    )
+
+
+def test_the_statistic_bootstrap_refuses_no_units():
+    with pytest.raises(ValueError, match="no units"):
+        bootstrap_statistic_ci(0, lambda idx: 0.0)

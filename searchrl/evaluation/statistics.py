@@ -114,6 +114,23 @@ def bootstrap_ratio_ci(
     return _percentile_interval(ratios, confidence)
 
 
+def bootstrap_statistic_ci(
+    n: int,
+    statistic: Callable[[np.ndarray], float],
+    n_resamples: int = DEFAULT_BOOTSTRAP,
+    seed: int = 0,
+    confidence: float = DEFAULT_CONFIDENCE,
+) -> tuple[float, float]:
+    """Percentile-bootstrap interval of any statistic of `n` units (questions): `statistic(indices)` on each
+    resample of unit indices drawn with replacement, for what is not a mean (a variance share, a ratio of sums
+    over groups). Seeded, and with the same draws as `bootstrap_ci` for the same `n`, `n_resamples` and `seed`."""
+    _check_bootstrap_args(n_resamples, confidence)
+    if n < 1:
+        raise ValueError("bootstrap_statistic_ci: no units; an interval needs at least one")
+    stats = np.array([statistic(idx) for idx in _resample_indices(n, n_resamples, seed)], dtype=np.float64)
+    return _percentile_interval(stats, confidence)
+
+
 def _percentile_interval(stats: np.ndarray, confidence: float) -> tuple[float, float]:
     tail = (1.0 - confidence) / 2.0 * 100.0
     low, high = np.percentile(stats, [tail, 100.0 - tail])
