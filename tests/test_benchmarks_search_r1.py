@@ -6,24 +6,18 @@ runs at the smoke shape on the CPU, through the recipe file and the same trainer
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import subprocess
 from pathlib import Path
 
+from support.benchmarks import load_benchmark
+
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
-def _load():
-    spec = importlib.util.spec_from_file_location("bench_search_r1_steps", BENCH / "bench_search_r1_steps.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_the_recipe_runs_and_is_timed_at_the_smoke_shape(tmp_path):
-    bench = _load()
+    bench = load_benchmark("bench_search_r1_steps")
     out = tmp_path / "steps.json"
     argv = ["--shape", "tiny", "--cpu", "--steps", "2", "--episodes", "2", "--work", str(tmp_path / "w")]
     assert bench.main([*argv, "--json", str(out)]) == 0
@@ -41,7 +35,7 @@ def test_the_recipe_runs_and_is_timed_at_the_smoke_shape(tmp_path):
 
 
 def test_the_3b_shape_is_qwen2_5_3b():
-    shape = _load().SHAPES["qwen2.5-3b"]
+    shape = load_benchmark("bench_search_r1_steps").SHAPES["qwen2.5-3b"]
     assert (shape.hidden_size, shape.num_hidden_layers, shape.intermediate_size) == (2048, 36, 11008)
     assert (shape.num_attention_heads, shape.num_key_value_heads, shape.tie_word_embeddings) == (16, 2, True)
 

@@ -9,14 +9,13 @@ until it equals the policy. This checks the script's machinery and the JSON it w
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from support.benchmarks import load_benchmark
 
 torch.set_num_threads(1)  # a shared 2-core machine
 
@@ -29,17 +28,9 @@ TOY = [
 ]  # fmt: skip
 
 
-def _load_script():
-    spec = importlib.util.spec_from_file_location("_bench_vllm", BENCH / "bench_vllm.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    script = _load_script()
+    script = load_benchmark("bench_vllm")
     work = tmp_path_factory.mktemp("bench_vllm")
     out = {}
     for part in ("setup", "rollout", "ppo"):

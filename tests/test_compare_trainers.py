@@ -8,30 +8,18 @@ policy is measured on the demo's test questions, and the JSON, the PNG and the r
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import re
-import sys
 from pathlib import Path
 
 import pytest
+from support.benchmarks import load_benchmark
 
 from searchrl.common.config import load_config
 from searchrl.demo.configs import smoke_config
 from searchrl.demo.pipeline import run_demo
 from searchrl.grpo.config import GRPORunConfig
-
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
-
-
-def _load_script():
-    sys.path.insert(0, str(BENCH))  # the script imports the shared _experiment_common module
-    spec = importlib.util.spec_from_file_location("_exp_compare_trainers", BENCH / "compare_trainers.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +32,7 @@ def demo_run(tmp_path_factory) -> Path:
 
 
 def test_compare_trainers_end_to_end_on_a_smoke_demo(demo_run: Path, tmp_path: Path) -> None:
-    script = _load_script()
+    script = load_benchmark("compare_trainers")
     out_json = tmp_path / "cmp.json"
     work = tmp_path / "work"
     payload = script.main(
@@ -91,7 +79,7 @@ def test_compare_trainers_end_to_end_on_a_smoke_demo(demo_run: Path, tmp_path: P
 def test_grpo_episodes_gives_grpo_its_own_budget_for_an_equal_time_comparison(
     demo_run: Path, tmp_path: Path
 ) -> None:
-    script = _load_script()
+    script = load_benchmark("compare_trainers")
     work = tmp_path / "work"
     payload = script.main(
         [
@@ -117,7 +105,7 @@ def test_grpo_episodes_gives_grpo_its_own_budget_for_an_equal_time_comparison(
 
 
 def test_compare_trainers_refuses_bad_input(tmp_path: Path) -> None:
-    script = _load_script()
+    script = load_benchmark("compare_trainers")
     with pytest.raises(FileNotFoundError, match="searchrl demo"):
         script.main(["--run", str(tmp_path / "nope"), "--json", str(tmp_path / "x.json")])
     with pytest.raises(SystemExit):

@@ -3,23 +3,10 @@ for the noise of a per-question mean, and the critic's share, on returns whose a
 
 from __future__ import annotations
 
-import importlib.util
 import random
-import sys
-from pathlib import Path
 
 import pytest
-
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
-
-
-def _load():
-    sys.path.insert(0, str(BENCH))
-    spec = importlib.util.spec_from_file_location("_exp_critic_ceiling", BENCH / "critic_ceiling.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+from support.benchmarks import load_benchmark
 
 
 def _returns(questions: int, samples: int, spread: float, noise: float, seed: int = 0):
@@ -36,7 +23,7 @@ def _returns(questions: int, samples: int, spread: float, noise: float, seed: in
 
 
 def test_the_ideal_share_recovers_the_true_one_and_a_perfect_critic_reaches_it():
-    ceiling = _load()
+    ceiling = load_benchmark("critic_ceiling")
     # Var(value) 0.09 of a total 0.09 + 0.16: the question explains 36% of the returns' variance.
     truth, g0, groups = _returns(questions=2000, samples=4, spread=0.3, noise=0.4)
     shares = ceiling.variance_shares(g0, truth, groups)
@@ -48,14 +35,14 @@ def test_the_ideal_share_recovers_the_true_one_and_a_perfect_critic_reaches_it()
 
 
 def test_without_the_correction_a_few_samples_would_flatter_the_ceiling():
-    ceiling = _load()
+    ceiling = load_benchmark("critic_ceiling")
     # No question explains anything here: the uncorrected variance of the means would claim 1/samples.
     _, g0, groups = _returns(questions=2000, samples=4, spread=0.0, noise=0.5)
     assert abs(ceiling.variance_shares(g0, g0, groups)["ideal_first_token"]) < 0.03
 
 
 def test_the_bootstrap_interval_holds_the_estimate():
-    ceiling = _load()
+    ceiling = load_benchmark("critic_ceiling")
     truth, g0, groups = _returns(questions=64, samples=8, spread=0.3, noise=0.4, seed=1)
     shares = ceiling.variance_shares(g0, truth, groups)
     ci = ceiling.bootstrap_shares(g0, truth, groups, draws=200)

@@ -8,28 +8,16 @@ not the learning results, which come from the full-size runs.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import sys
 from pathlib import Path
 
 import pytest
+from support.benchmarks import load_benchmark
 
 from searchrl.demo.configs import smoke_config
 from searchrl.demo.pipeline import run_demo
 from searchrl.evaluation.audit import audit_run
-
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
-
-
-def _load(name: str):
-    sys.path.insert(0, str(BENCH))  # the scripts import their shared _experiment_common module
-    spec = importlib.util.spec_from_file_location(f"_exp_{name}", BENCH / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the script loads
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +38,7 @@ def _finite(values) -> bool:
 
 
 def test_kl_sweep_fixed_zero_stays_zero_and_adaptive_moves(demo_run, tmp_path):
-    kl_sweep = _load("kl_sweep")
+    kl_sweep = load_benchmark("kl_sweep")
     out_json, out_png = tmp_path / "kl.json", tmp_path / "kl.png"
     argv = ["--run", str(demo_run), "--json", str(out_json), "--plot", str(out_png), "--kl", "0", "adaptive"]
     argv += [
@@ -84,14 +72,14 @@ def test_kl_sweep_fixed_zero_stays_zero_and_adaptive_moves(demo_run, tmp_path):
 
 
 def test_kl_sweep_rejects_a_bad_setting_with_a_clear_error(demo_run, tmp_path):
-    kl_sweep = _load("kl_sweep")
+    kl_sweep = load_benchmark("kl_sweep")
     argv = ["--run", str(demo_run), "--json", str(tmp_path / "x.json"), "--plot", str(tmp_path / "x.png")]
     with pytest.raises(ValueError, match="coefficient >= 0"):
         kl_sweep.main([*argv, "--kl", "strong"])
 
 
 def test_unstable_search_reports_every_mode_and_seed(demo_run, tmp_path):
-    unstable = _load("unstable_search")
+    unstable = load_benchmark("unstable_search")
     out_json, out_png = tmp_path / "us.json", tmp_path / "us.png"
     argv = ["--run", str(demo_run), "--json", str(out_json), "--plot", str(out_png), "--seeds", "0", "1"]
     argv += [
@@ -117,7 +105,7 @@ def test_unstable_search_reports_every_mode_and_seed(demo_run, tmp_path):
 
 
 def test_demo_seeds_gathers_each_run_and_refuses_an_unfinished_one(demo_run, tmp_path):
-    demo_seeds = _load("demo_seeds")
+    demo_seeds = load_benchmark("demo_seeds")
     out_json, out_png = tmp_path / "seeds.json", tmp_path / "seeds.png"
     assert (
         demo_seeds.main(

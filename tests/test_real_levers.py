@@ -5,29 +5,19 @@ and the table reads the paired dev differences. (The sweep itself trains for hou
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import sys
 from pathlib import Path
+
+from support.benchmarks import load_benchmark
 
 from searchrl.common.config import load_config
 from searchrl.demo.configs import RealDemoConfig
 
 ROOT = Path(__file__).resolve().parents[1]
-BENCH = ROOT / "benchmarks"
-
-
-def _load():
-    sys.path.insert(0, str(BENCH))  # the script imports its shared _experiment_common module
-    spec = importlib.util.spec_from_file_location("_exp_real_levers", BENCH / "real_levers.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_every_lever_is_a_valid_config_and_the_plan_shares_warm_starts(tmp_path, monkeypatch):
     monkeypatch.chdir(ROOT)  # the levers name configs/real/*.yaml relative to the repository
-    levers = _load()
+    levers = load_benchmark("real_levers")
     base = RealDemoConfig()
     for name, lever in levers.LEVERS.items():
         cfg = load_config(
