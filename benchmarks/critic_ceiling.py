@@ -109,11 +109,9 @@ def measure(run_dir: str, step: int, prompts: int, samples: int, batch: int) -> 
 def _roll_and_compare(trainer: Any, run_dir: str, step: int, prompts: int, samples: int, batch: int) -> dict:
     import torch
 
-    from searchrl.ppo.advantages import compute_gae, place_rewards
     from searchrl.ppo.batch import collate_trajectories
-    from searchrl.ppo.kl import kl_penalty
 
-    args, tok = trainer.args, trainer.tokenizer
+    tok = trainer.tokenizer
     rows = [row for row in trainer.train_rows[:prompts] for _ in range(samples)]
     g0: list[float] = []
     v0: list[float] = []
@@ -123,12 +121,8 @@ def _roll_and_compare(trainer: Any, run_dir: str, step: int, prompts: int, sampl
         trajs, _ = trainer.rollout(rows[start : start + batch], seed=10_000 + start)
         data = collate_trajectories(trajs, tok.pad_token_id)
         mask = data["action_mask"]
-        scores = trainer.score(trajs, data)
-        logprobs, values, _ = trainer._policy_and_values(data)
-        kl = kl_penalty(logprobs, trainer._ref_logprobs(data), args.kl_estimator) * mask
-        rewards = place_rewards(scores, kl, mask, trainer.kl_ctl.value)
-        values = values * mask
-        returns = compute_gae(rewards, values, mask, args.gamma, 1.0)[1]
+        est = trainer.estimate(data, trainer.score(trajs, data))  # PPOTrainer.step's steps 2-5, no update
+        values, returns = est["values"], est["mc_returns"]
         first = mask.float().argmax(dim=1)
         rows_idx = torch.arange(len(trajs))
         g0 += returns[rows_idx, first].tolist()

@@ -139,6 +139,7 @@ def test_reuse_warm_start_reruns_what_follows_sft_on_the_same_warm_start(
     assert (out / "sft" / "policy" / "model.safetensors").read_bytes() == sft_bytes
     assert summary["sft"]["test"]["exact_match"] == before["sft"]["test"]["exact_match"]
     assert summary["sft"]["final_loss"] == before["sft"]["final_loss"]
+    assert summary["sft"]["answer_copy_rate"] == before["sft"]["answer_copy_rate"]
     assert not (out / "grpo_trl_loop").exists()  # what followed SFT in the first run is gone
     metrics = [json.loads(line) for line in (out / "ppo" / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == sorted({m["step"] for m in metrics})  # one run, not two appended
@@ -157,6 +158,8 @@ def test_reuse_warm_start_refuses_a_warm_start_trained_with_other_settings(smoke
     cfg = load_config(DemoConfig, smoke_run / "demo_config.yaml")
     same, why = find_warm_start(dataclasses.replace(cfg, num_threads=1, test_questions=3), smoke_run)
     assert same is not None and why == ""
+    recorded = json.loads((smoke_run / "summary.json").read_text())["sft"]["answer_copy_rate"]
+    assert same.answer_copy_rate == recorded is not None  # read back, not measured again on 16k demos
     other_sft = dataclasses.replace(cfg, sft=dataclasses.replace(cfg.sft, learning_rate=1e-4))
     assert find_warm_start(other_sft, smoke_run) == (None, f"{smoke_run / 'demo_config.yaml'} trained its "
                                                     "warm start with other settings: sft")  # fmt: skip

@@ -228,7 +228,10 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
         copy_gate = reused.copy_gate
     # Did the warm start learn to copy answers out of observations? Without it PPO has no answer reward to
     # learn from (issue 25's seed 9). Teacher-forced on the last demonstrations: no random number is drawn.
-    copy_rate = answer_copy_rate(sft_policy, demos or read_trajectories(out / "sft" / "expert.jsonl.gz"))
+    # A reused warm start's rate was measured when it was trained (the same weights and demonstrations).
+    copy_rate = reused.answer_copy_rate if reused is not None else None
+    if copy_rate is None:
+        copy_rate = answer_copy_rate(sft_policy, demos or read_trajectories(out / "sft" / "expert.jsonl.gz"))
     warn_if_not_copying(copy_rate)
 
     # 6. evaluate the warm start on the hidden test split, and closed-book (the leak check) ---------------

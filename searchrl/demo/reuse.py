@@ -48,6 +48,7 @@ class ReusedWarmStart:
     final_loss: float | None
     stages_seconds: dict[str, float]
     copy_gate: list[dict[str, float]] = field(default_factory=list)
+    answer_copy_rate: float | None = None  # measured when it was trained (None: a summary from before #25)
 
     def to_summary(self) -> dict[str, Any]:
         return {
@@ -83,8 +84,9 @@ def find_warm_start(cfg: Any, out: Path) -> tuple[ReusedWarmStart | None, str]:
                                                                                   "expert", "sft")}  # fmt: skip
     sft = summary.get("sft", {})
     return ReusedWarmStart(
-        policy_dir, _count_lines(demos), sft.get("final_loss"), stages, sft.get("copy_gate") or []
-    ), ""
+        policy_dir, _count_lines(demos), sft.get("final_loss"), stages, sft.get("copy_gate") or [],
+        sft.get("answer_copy_rate"),
+    ), ""  # fmt: skip
 
 
 def clear_after_warm_start(out: Path) -> None:

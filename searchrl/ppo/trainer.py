@@ -316,31 +316,11 @@ class PPOTrainer:
         # 2. score
         scores = self.score(trajs, batch)
 
-        # 3. old logprobs recomputed over the exact token ids (equal to the rollout's up to float error;
-        # recomputing makes the ratio exactly 1 before the first update), reference logprobs, values.
-        old_logprobs, old_values, entropy = self._policy_and_values(batch)
-        ref_logprobs = self._ref_logprobs(batch)
+        # 3-5. old and reference logprobs and values, per-token rewards, GAE (`estimate`, just below).
+        est = self.estimate(batch, scores)
+        old_logprobs, ref_logprobs, entropy = est["old_logprobs"], est["ref_logprobs"], est["entropy"]
+        kl, values, advantages, returns = est["kl"], est["values"], est["advantages"], est["returns"]
         logprob_gap = (old_logprobs - batch["rollout_logprobs"]).abs() * action_mask
-
-        # 4. rewards: per-token KL penalty on action tokens, the score on the last action token
-        # (Ziegler et al. 2019; TRL 1.12's `rewards = -kl_coef * kl`, `rewards[last] += score`).
-        kl = kl_penalty(old_logprobs, ref_logprobs, a.kl_estimator) * action_mask
-        rewards = place_rewards(scores, kl, action_mask, self.kl_ctl.value)
-        if a.whiten_rewards:
-            rewards = self.ranks.whiten(rewards, action_mask, shift_mean=False) * action_mask
-
-        # 5. advantages: GAE over action tokens only (Schulman et al. 2016; an observation token is not a
-        # time step), returns = advantages + values from the raw advantages, then whitening. The critic's
-        # targets may use their own lambda (`value_lam`; VC-PPO's decoupled GAE, Yuan et al. 2025).
-        values = old_values * action_mask
-        advantages, returns = compute_gae(rewards, values, action_mask, a.gamma, a.lam)
-        if a.critic_lam != a.lam:
-            returns = compute_gae(rewards, values, action_mask, a.gamma, a.critic_lam)[1]
-        mc_returns = compute_gae(rewards, values, action_mask, a.gamma, 1.0)[
-            1
-        ]  # what an ideal critic predicts
-        if a.whiten_advantages:
-            advantages = self.ranks.whiten(advantages, action_mask) * action_mask
 
         # 6. optimise: the clipped surrogate and the clipped value loss (Schulman et al. 2017).
         train_stats = self._optimise(batch, old_logprobs, values, advantages, returns)
@@ -371,7 +351,7 @@ class PPOTrainer:
             "kl_coef_next": float(self.kl_ctl.value),
             "lr": float(self.lr_scheduler.get_last_lr()[0]),
             "val/explained_variance": masked_explained_variance(values, returns, action_mask),
-            "val/explained_variance_mc": masked_explained_variance(values, mc_returns, action_mask),
+            "val/explained_variance_mc": masked_explained_variance(values, est["mc_returns"], action_mask),
             "rollout/logprob_max_abs_diff": float(logprob_gap.max()),
             # the sampler's logprobs against the trainer's (`rollout_is/*`, every mode; ppo/rollout_is.py)
             **RolloutIS.of(a).metrics(old_logprobs, batch["rollout_logprobs"], action_mask),
@@ -388,6 +368,36 @@ class PPOTrainer:
         self.last_metrics = metrics
         self.last_trajectories = trajs
         return metrics
+
+    def estimate(self, batch: dict[str, torch.Tensor], scores: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Steps 3-5 of `step` on a collated, scored batch, before any update: the policy's and the reference's
+        logprobs, the critic's values, the per-token KL and rewards, GAE's advantages and the critic's targets,
+        and `mc_returns` (lambda 1: what an ideal critic predicts; benchmarks/critic_ceiling.py reads them)."""
+        a, mask = self.args, batch["action_mask"]
+        # 3. old logprobs recomputed over the exact token ids (equal to the rollout's up to float error;
+        # recomputing makes the ratio exactly 1 before the first update), reference logprobs, values.
+        old_logprobs, old_values, entropy = self._policy_and_values(batch)
+        ref_logprobs = self._ref_logprobs(batch)
+
+        # 4. rewards: per-token KL penalty on action tokens, the score on the last action token
+        # (Ziegler et al. 2019; TRL 1.12's `rewards = -kl_coef * kl`, `rewards[last] += score`).
+        kl = kl_penalty(old_logprobs, ref_logprobs, a.kl_estimator) * mask
+        rewards = place_rewards(scores, kl, mask, self.kl_ctl.value)
+        if a.whiten_rewards:
+            rewards = self.ranks.whiten(rewards, mask, shift_mean=False) * mask
+
+        # 5. advantages: GAE over action tokens only (Schulman et al. 2016; an observation token is not a
+        # time step), returns = advantages + values from the raw advantages, then whitening. The critic's
+        # targets may use their own lambda (`value_lam`; VC-PPO's decoupled GAE, Yuan et al. 2025).
+        values = old_values * mask
+        advantages, returns = compute_gae(rewards, values, mask, a.gamma, a.lam)
+        if a.critic_lam != a.lam:
+            returns = compute_gae(rewards, values, mask, a.gamma, a.critic_lam)[1]
+        mc_returns = compute_gae(rewards, values, mask, a.gamma, 1.0)[1]  # what an ideal critic predicts
+        if a.whiten_advantages:
+            advantages = self.ranks.whiten(advantages, mask) * mask
+        return {"old_logprobs": old_logprobs, "ref_logprobs": ref_logprobs, "entropy": entropy, "kl": kl,
+                "values": values, "advantages": advantages, "returns": returns, "mc_returns": mc_returns}  # fmt: skip
 
     def _optimise(self, batch, old_logprobs, old_values, advantages, returns) -> dict[str, float]:
         a = self.args
