@@ -244,6 +244,47 @@ def test_toy_run_ppo_has_a_working_reference(toy_run):
     assert toy_run.summary["targets"]["ppo_kl_nonzero_after_step_1"] is True
 
 
+def test_reuse_warm_start_reruns_ppo_on_the_same_warm_start(toy_run, tmp_path):
+    """`reuse_warm_start`: baselines, demonstrations, SFT and its evaluation are read back (not rerun, their
+    files untouched); PPO trains afresh from the SFT files to the same step scores; the summary compares the
+    new PPO with the read-back trajectories, question by question."""
+    import shutil
+
+    out = tmp_path / "run"
+    shutil.copytree(toy_run.out, out)
+    before = json.loads((out / "summary.json").read_text())
+    kept = {p: (out / p).read_bytes() for p in ("sft/policy/model.safetensors", "eval/sft-test.json")}
+    cfg = dataclasses.replace(toy_run.cfg, out_dir=str(out), reuse_warm_start=True)
+    cfg.grpo = dataclasses.replace(cfg.grpo, enabled=False)  # a PPO-side change: still the same warm start
+    summary = run_real_demo(cfg)
+
+    assert summary["warm_start"]["reused"] is True and before["warm_start"] == {"reused": False}
+    assert list(summary["stages_seconds"]) == ["import", "data", "index", "ppo", "eval ppo"]
+    assert summary["warm_start"]["stages_seconds_when_trained"]["sft"] == before["stages_seconds"]["sft"]
+    assert all((out / p).read_bytes() == b for p, b in kept.items())
+    assert summary["baselines"] == before["baselines"] and summary["sft"]["test"] == before["sft"]["test"]
+    for key in ("final_loss", "max_weight_change", "num_demonstrations", "demonstrations_trained"):
+        assert summary["sft"][key] == before["sft"][key], key
+    assert summary["ppo"]["objective/scores"] == before["ppo"]["objective/scores"]  # same warm start, same PPO
+    assert "grpo" not in summary and not (out / "grpo").exists()  # the old GRPO run was removed
+    steps = [json.loads(line)["step"] for line in (out / "ppo" / "metrics.jsonl").read_text().splitlines()]
+    assert steps == sorted(set(steps))  # one PPO run, not two appended
+    diff = summary["ppo_minus_sft"]["test"]["f1"]
+    assert diff["mean"] == pytest.approx(summary["ppo"]["test"]["f1"] - before["sft"]["test"]["f1"])
+
+
+def test_reuse_warm_start_refuses_other_settings_and_missing_files(toy_run, tmp_path):
+    from searchrl.demo.real_reuse import find_real_warm_start
+
+    same, why = find_real_warm_start(dataclasses.replace(toy_run.cfg, num_threads=1), toy_run.out)
+    assert same is not None and why == "" and len(same.sft_trajectories) == toy_run.summary["test_questions"]
+    other = dataclasses.replace(toy_run.cfg, sft=dataclasses.replace(toy_run.cfg.sft, learning_rate=1e-3))
+    found, why = find_real_warm_start(other, toy_run.out)
+    assert found is None and why.endswith("trained its warm start with other settings: sft")
+    found, why = find_real_warm_start(toy_run.cfg, tmp_path)
+    assert found is None and "no finished warm start" in why and "sft-test.trajectories.jsonl.gz" in why
+
+
 def test_model_dir_null_imports_smollm2_into_base_once(smollm2_import):
     # The session's import is the demo's import stage with model_dir null: it wrote <out_dir>/base ...
     root, base = smollm2_import.root, smollm2_import.out
@@ -539,7 +580,12 @@ def test_demo_command_dispatches_a_real_yaml(tmp_path, monkeypatch):
     )
     assert result.exit_code == 0, result.output
     assert isinstance(seen["cfg"], RealDemoConfig) and seen["cfg"].out_dir == str(tmp_path)
-    assert seen["cfg"].progress_bar is False
+    assert seen["cfg"].progress_bar is False and seen["cfg"].reuse_warm_start is False
+    again = ["demo", "--config", str(ROOT / "configs" / "demo_real.yaml"), "--out", str(tmp_path), "--quiet"]
+    assert runner.invoke(app, [*again, "--reuse-warm-start"]).exit_code == 0
+    assert seen["cfg"].reuse_warm_start is True
+    refused = runner.invoke(app, [*again, "--compare-grpo"])
+    assert refused.exit_code != 0 and "grpo.enabled" in refused.output
     headline = json.loads(result.output[: result.output.rindex("}") + 1])
     assert headline["ppo.test.exact_match"] == 0.5
     # The paired difference on the same questions is in the headline; GRPO's only when it ran.

@@ -57,7 +57,8 @@ def register(app: typer.Typer) -> None:
             False,
             "--reuse-warm-start",
             help="Keep the SFT warm start --out already holds when it was trained with the same settings (every "
-            "stage after SFT runs again: for PPO changes); otherwise run every stage.",
+            "stage after SFT runs again: for PPO changes; the real loop also keeps its baselines and SFT's "
+            "evaluation); otherwise run every stage.",
         ),
     ) -> None:
         """Run the offline demo: synthesise the task, index it, build and warm-start the tiny model, PPO, evaluate."""
@@ -81,10 +82,11 @@ def register(app: typer.Typer) -> None:
             _run_support(config, smoke, out, seed, quiet)
             return
         if real or (config is not None and is_real_demo_yaml(config)):
-            if compare_grpo or reuse_warm_start:
-                flag = "--compare-grpo" if compare_grpo else "--reuse-warm-start"
-                raise typer.BadParameter(f"{flag} belongs to the synthetic demo, not the real loop")
-            _run_real(config, smoke, out, seed, quiet)
+            if compare_grpo:
+                raise typer.BadParameter(
+                    "--compare-grpo belongs to the synthetic demo; the real loop's GRPO is its `grpo.enabled`"
+                )
+            _run_real(config, smoke, out, seed, quiet, reuse_warm_start)
             return
         if config is not None:
             cfg = load_config(DemoConfig, config)
@@ -151,7 +153,9 @@ def _run_support(config: Path | None, smoke: bool, out: str | None, seed: int | 
     typer.echo(f"summary: {Path(cfg.out_dir) / 'summary.json'}  report: {Path(cfg.out_dir) / 'report.html'}")
 
 
-def _run_real(config: Path | None, smoke: bool, out: str | None, seed: int | None, quiet: bool) -> None:
+def _run_real(
+    config: Path | None, smoke: bool, out: str | None, seed: int | None, quiet: bool, reuse_warm_start: bool
+) -> None:
     """The real loop (`searchrl.demo.real`): load or build its config, run it, print the headline JSON."""
     from searchrl.demo.configs import RealDemoConfig, toy_real_config  # torch, trl, peft, bm25s
     from searchrl.demo.real import run_real_demo
@@ -166,7 +170,7 @@ def _run_real(config: Path | None, smoke: bool, out: str | None, seed: int | Non
         cfg.progress_bar = True
     else:
         cfg = RealDemoConfig()
-    cfg = _with_options(cfg, out, seed, quiet)
+    cfg = _with_options(cfg, out, seed, quiet, reuse_warm_start=True if reuse_warm_start else None)
     summary = run_real_demo(cfg)
     headline = {
         **{f"{name}.test.exact_match": b["test"]["exact_match"] for name, b in summary["baselines"].items()},

@@ -471,6 +471,15 @@ class RealDemoConfig:
     )
     demo_batch_size: int = field(default=64, metadata={"help": "Rows per batched expert replay."})
     progress_bar: bool = field(default=True, metadata={"help": "Show a progress line per stage."})
+    reuse_warm_start: bool = field(
+        default=False,
+        metadata={
+            "help": "Keep stages 4-7 (baselines, demonstrations, SFT, SFT's test evaluation) that out_dir already "
+            "holds when its demo_config.yaml has the same settings but for out_dir, num_threads, ppo, grpo: PPO, "
+            "its evaluation, GRPO and the summary run again (`searchrl.demo.real_reuse`). Otherwise every stage "
+            "runs, and the demo says why."
+        },
+    )
 
     def __post_init__(self) -> None:
         for name in ("train_questions", "dev_questions", "test_questions"):

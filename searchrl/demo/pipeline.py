@@ -62,7 +62,7 @@ from searchrl.common.trajectory import read_trajectories, write_trajectories
 from searchrl.data.synthetic import generate, practice_world, preset_config
 from searchrl.demo.configs import DemoConfig, check_demo_config
 from searchrl.demo.layouts import GRPO_LABELS, synthetic_demo_layout
-from searchrl.demo.reuse import ReusedWarmStart, clear_after_warm_start, find_warm_start
+from searchrl.demo.reuse import ReusedWarmStart, warm_start_if_asked
 from searchrl.demo.stages import StageProgress, StageRunner
 from searchrl.demo.summary import headline, learning_figures, paired_figures, stage_figures
 from searchrl.env.environment import SearchEnvironment
@@ -194,7 +194,7 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
     torch.manual_seed(cfg.seed)
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    reused = _warm_start_to_reuse(cfg, out)  # before this run's config replaces the saved one
+    reused = warm_start_if_asked(cfg, out)  # before this run's config replaces the saved one
     save_config(cfg, out / "demo_config.yaml")
     layout = synthetic_demo_layout(cfg.compare_grpo)
     write_layout(out, layout)  # now, so that a running demo can be viewed
@@ -301,19 +301,6 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
     summary.update(stage_figures(runner), **runner.totals())
     write_layout(out, layout, summary)
     return summary
-
-
-def _warm_start_to_reuse(cfg: DemoConfig, out: Path) -> ReusedWarmStart | None:
-    """`reuse_warm_start`: the folder's warm start when it may be reused (then what came after it is removed);
-    otherwise None, after saying why on stderr."""
-    if not cfg.reuse_warm_start:
-        return None
-    reused, why_not = find_warm_start(cfg, out)
-    if reused is None:
-        print(f"reuse_warm_start: {why_not}; running every stage", file=sys.stderr)
-        return None
-    clear_after_warm_start(out)
-    return reused
 
 
 def _evaluate_test_split(

@@ -71,6 +71,8 @@ from searchrl.demo.baselines import (
 )
 from searchrl.demo.configs import RealDemoConfig, check_real_config
 from searchrl.demo.layouts import BASELINE_FILES, real_demo_layout
+from searchrl.demo.real_reuse import clear_after_warm_start, find_real_warm_start, load_sft_policy
+from searchrl.demo.reuse import warm_start_if_asked
 from searchrl.demo.stages import StageProgress, StageRunner
 from searchrl.demo.summary import (
     eval_timings,
@@ -284,6 +286,9 @@ def run_real_demo(cfg: RealDemoConfig) -> dict[str, Any]:
     torch.manual_seed(cfg.seed)
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    reused = warm_start_if_asked(
+        cfg, out, find_real_warm_start, clear_after_warm_start
+    )  # before this run's config replaces the saved one
     save_config(cfg, out / "demo_config.yaml")
     layout = real_demo_layout(cfg.baselines, grpo=cfg.grpo.enabled)
     write_layout(out, layout)  # now, so that a running demo can be viewed
@@ -293,14 +298,21 @@ def run_real_demo(cfg: RealDemoConfig) -> dict[str, Any]:
     train_rows, dev_rows, task, backend = stages.train_rows, stages.dev_rows, stages.task, stages.backend
     test_rows, base_dir, imported = stages.test_rows, stages.base_dir, stages.imported
 
-    # 4. baselines: the base model ---------------------------------------------------------------------------------
-    policy = load_policy(base_dir).to(_device(cfg))
-    baselines, baseline_trajs = _evaluate_baselines(stages, policy)
+    if reused is None:
+        # 4. baselines: the base model -----------------------------------------------------------------------------
+        policy = load_policy(base_dir).to(_device(cfg))
+        baselines, baseline_trajs = _evaluate_baselines(stages, policy)
 
-    # 5-7. expert demonstrations, SFT, its evaluation -----------------------------------------------------------
-    sft_policy, sft_info, demos, kept = real_warm_start(stages, policy)
-    sft_summary, sft_trajs = stages.evaluate("eval sft", sft_policy)
-    write_eval(out, "sft-test", sft_summary, sft_trajs, stages.eval_meta(stage="sft"))
+        # 5-7. expert demonstrations, SFT, its evaluation -------------------------------------------------------
+        sft_policy, sft_info, demos, kept = real_warm_start(stages, policy)
+        sft_summary, sft_trajs = stages.evaluate("eval sft", sft_policy)
+        write_eval(out, "sft-test", sft_summary, sft_trajs, stages.eval_meta(stage="sft"))
+    else:  # 4-7 read back (`searchrl.demo.real_reuse`)
+        baselines, baseline_trajs = reused.baselines, reused.baseline_trajectories
+        sft_policy = load_sft_policy(reused, load_policy).to(_device(cfg))
+        sft_info, demos = reused.sft_info, reused.demonstrations
+        kept = _trained_demonstrations(cfg, demos)
+        sft_summary, sft_trajs = reused.sft_summary, reused.sft_trajectories
 
     # 8-9. PPO from the warm start, its evaluation --------------------------------------------------------------
     ppo_before = _param_snapshot(sft_policy)
@@ -337,6 +349,7 @@ def run_real_demo(cfg: RealDemoConfig) -> dict[str, Any]:
     )
     if grpo is not None:
         summary["grpo"] = grpo
+    summary["warm_start"] = reused.to_summary() if reused is not None else {"reused": False}
     paired = paired_figures(test_trajs, seed=cfg.seed)
     summary.update(paired)
     summary["targets"].update(paired_targets(paired))

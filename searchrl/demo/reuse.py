@@ -21,6 +21,8 @@ from __future__ import annotations
 import dataclasses
 import gzip
 import shutil
+import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -102,3 +104,22 @@ def clear_after_warm_start(out: Path) -> None:
 def _count_lines(path: Path) -> int:
     with gzip.open(path, "rt", encoding="utf-8") as f:
         return sum(1 for line in f if line.strip())
+
+
+def warm_start_if_asked(
+    cfg: Any,
+    out: Path,
+    find: Callable[[Any, Path], tuple[Any, str]] = find_warm_start,
+    clear: Callable[[Path], None] = clear_after_warm_start,
+) -> Any | None:
+    """With `cfg.reuse_warm_start`, the warm start `find` reads from `out` (what followed it is then removed by
+    `clear`); None without the setting, or after saying on stderr why it cannot be reused. Serves the synthetic
+    demo and, with `searchrl.demo.real_reuse`'s two functions, the real loop."""
+    if not cfg.reuse_warm_start:
+        return None
+    found, why_not = find(cfg, out)
+    if found is None:
+        print(f"reuse_warm_start: {why_not}; running every stage", file=sys.stderr)
+        return None
+    clear(out)
+    return found
