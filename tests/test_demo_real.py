@@ -265,7 +265,9 @@ def test_reuse_warm_start_reruns_ppo_on_the_same_warm_start(toy_run, tmp_path):
     assert summary["baselines"] == before["baselines"] and summary["sft"]["test"] == before["sft"]["test"]
     for key in ("final_loss", "max_weight_change", "num_demonstrations", "demonstrations_trained"):
         assert summary["sft"][key] == before["sft"][key], key
-    assert summary["ppo"]["objective/scores"] == before["ppo"]["objective/scores"]  # same warm start, same PPO
+    assert (
+        summary["ppo"]["objective/scores"] == before["ppo"]["objective/scores"]
+    )  # same warm start, same PPO
     assert "grpo" not in summary and not (out / "grpo").exists()  # the old GRPO run was removed
     steps = [json.loads(line)["step"] for line in (out / "ppo" / "metrics.jsonl").read_text().splitlines()]
     assert steps == sorted(set(steps))  # one PPO run, not two appended
