@@ -64,6 +64,14 @@ LEVERS: dict[str, dict[str, Any]] = {
         "note": "8 steps of 32 episodes",
     },
     "lr_1e-4": {"ppo": {"ppo.learning_rate": 1e-4}, "note": "LoRA learning rate 1e-4 (5e-5)"},
+    # A fresh PPO adapter starts at B = 0: 16 Adam updates at 5e-5 move it by about 1e-3 (max weight change
+    # 4e-4 in seed 0's run), so the policy barely leaves SFT; these two let it move (KL 0.1-0.9 a step).
+    "lr_5e-4": {"ppo": {"ppo.learning_rate": 5e-4}, "note": "LoRA learning rate 5e-4 (5e-5)"},
+    "lr_1e-3": {"ppo": {"ppo.learning_rate": 1e-3}, "note": "LoRA learning rate 1e-3 (5e-5)"},
+    "lr_5e-4_t1": {
+        "ppo": {"ppo.learning_rate": 5e-4, "generation.temperature": 1.0},
+        "note": "LoRA learning rate 5e-4, sampling temperature 1.0 (0.8): more exploration",
+    },
     "lr_2e-5": {"ppo": {"ppo.learning_rate": 2e-5}, "note": "LoRA learning rate 2e-5 (5e-5)"},
     "kl_0.01": {"ppo": {"ppo.kl_coef": 0.01}, "note": "KL coefficient 0.01 (0.05)"},
     "float32": {
