@@ -47,6 +47,9 @@ def test_the_smoke_demo_writes_the_task_figures_per_stage_and_split(smoke_run: P
             assert figures["leaked_observations"] == 0  # the boundary holds whatever the policy does
             assert set(figures["by_type"]) <= {"where", "where_id", "return", "unshipped"}
     assert summary["ppo"]["steps"] >= 1 and set(summary["targets"]) >= {"no_leaked_observations"}
+    rates = summary["sft"]["copy_rates"]  # teacher-forced per kind of turn: does the warm start read?
+    assert set(rates) <= {"first_call", "call_after_observation", "answer"} and "answer" in rates
+    assert all(0.0 <= r["rate"] <= 1.0 and r["turns"] >= 1 for r in rates.values())
     assert list(summary["stages_seconds"]) == [
         "data", "index", "models", "expert", "sft", "eval sft", "ppo", "eval ppo", "audit", "report",
     ]  # fmt: skip

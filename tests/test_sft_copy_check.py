@@ -7,8 +7,8 @@ from __future__ import annotations
 import torch
 from transformers.modeling_outputs import CausalLMOutput
 
-from searchrl.common.trajectory import Trajectory
-from searchrl.sft.copy_check import answer_copy_rate
+from searchrl.common.trajectory import ToolCallRecord, Trajectory
+from searchrl.sft.copy_check import answer_copy_rate, turn_copy_rates
 
 VOCAB = 32
 
@@ -83,3 +83,33 @@ def test_only_the_last_demonstrations_are_read_and_the_generators_are_left_alone
     assert answer_copy_rate(model, DEMOS, max_examples=4) == 0.75
     assert torch.equal(torch.get_rng_state(), before)
     assert model.training, "the policy's train/eval mode is restored"
+
+
+def lookup_demo(tid: str, order_id: int, status: int) -> Trajectory:
+    """search (turn 0), an observation naming an order id, get_order(that id) (turn 1), the record, the answer."""
+    prompt, search, shown = [1, 2, 3], [4, 5], [6, order_id, 7]
+    lookup, record, answer = [9, order_id], [6, status, 7], [status, 8]
+    ids = prompt + search + shown + lookup + record + answer
+    mask = [0] * 3 + [1] * 2 + [0] * 3 + [1] * 2 + [0] * 3 + [1] * 2
+    calls = [ToolCallRecord("search", {"query": "q"}, turn_index=0),
+             ToolCallRecord("get_order", {"order_id": str(order_id)}, turn_index=1)]  # fmt: skip
+    return Trajectory(
+        id=tid, question_id=tid, question="q", golds=["x"], input_ids=ids, action_mask=mask,
+        logprobs=[0.0] * len(ids), prompt_length=3, tool_calls=calls,
+    )  # fmt: skip
+
+
+def test_turn_copy_rates_tell_an_id_read_wrong_from_an_answer_read_right():
+    """Issue 26's support warm start: answers read, order ids out of search results not: the per-turn rates
+    show what the answer-copy rate alone hides, and nothing random is drawn."""
+    demos = [lookup_demo("a", 20, 25), lookup_demo("b", 21, 26), lookup_demo("c", 22, 27)]
+    before = torch.get_rng_state()
+    rates = turn_copy_rates(Oracle(demos, wrong={21}), demos)
+    assert rates == {
+        "answer": {"rate": 1.0, "turns": 3.0},
+        "call_after_observation": {"rate": 2 / 3, "turns": 3.0},  # b's id, 21, is not copied
+        "first_call": {"rate": 1.0, "turns": 3.0},
+    }
+    assert answer_copy_rate(Oracle(demos, wrong={21}), demos) == 1.0  # blind to the id
+    assert turn_copy_rates(Oracle(demos, wrong={26}), demos, max_examples=1)["answer"]["rate"] == 1.0
+    assert torch.equal(torch.get_rng_state(), before)

@@ -67,6 +67,7 @@ from searchrl.run.layout import write_layout
 from searchrl.run.manifest import build_manifest
 from searchrl.run.writer import write_evaluation
 from searchrl.search.index import build_index
+from searchrl.sft.copy_check import turn_copy_rates
 from searchrl.sft.support_expert import SupportExpert
 from searchrl.sft.warm_start import prompt_texts, run_sft, sft_total_steps
 
@@ -198,6 +199,8 @@ def run_support_demo(cfg: SupportDemoConfig) -> dict[str, Any]:
         total=sft_total_steps(sft_cfg, len(world.demos)),
     )
     save_model_dir(sft.policy, world.tokenizer, out / "sft" / "policy")
+    # Does the warm start read what its calls and answers need (an order id, a status) out of observations?
+    copy_rates = turn_copy_rates(sft.policy, world.demos)
     sft_eval = evaluate("sft", sft.policy)
     trainer = runner.run_with_progress(
         "ppo", lambda progress: _train_ppo(cfg, world, sft.policy, rubric, progress)
@@ -206,7 +209,12 @@ def run_support_demo(cfg: SupportDemoConfig) -> dict[str, Any]:
 
     summary: dict[str, Any] = {
         "kind": SUPPORT_KIND,
-        "sft": {**sft_eval, "final_loss": sft.losses[-1] if sft.losses else None},
+        "sft": {
+            **sft_eval,
+            "final_loss": sft.losses[-1] if sft.losses else None,
+            "copy_rates": copy_rates,  # teacher-forced, per kind of turn (sft/copy_check.py)
+            "copy_gate": sft.copy_gate,
+        },
         "ppo": {
             **ppo_eval,
             "steps": trainer.global_step,

@@ -24,7 +24,7 @@ import torch
 from transformers import PreTrainedModel, TrainerCallback
 
 from searchrl.common.trajectory import Trajectory
-from searchrl.sft.examples import IGNORE_INDEX, answer_turn_example
+from searchrl.sft.examples import IGNORE_INDEX, action_turns, answer_turn_example, sft_example
 
 logger = logging.getLogger("searchrl.sft")
 
@@ -69,6 +69,47 @@ def answer_copy_rate(
     finally:
         policy.train(was_training)
     return copied / len(examples)
+
+
+@torch.no_grad()
+def turn_copy_rates(
+    policy: PreTrainedModel, trajectories: Sequence[Trajectory], max_examples: int = 256
+) -> dict[str, dict[str, float]]:
+    """Teacher-forced, per kind of action turn, over the last `max_examples` demonstrations: the share of turns
+    whose every token is the policy's greedy choice given the expert's context, and how many turns were
+    scored. Kinds: `first_call` (a tool call before any observation: its arguments come from the question),
+    `call_after_observation` (a tool call after one: e.g. an order id read out of a search result) and
+    `answer` (a turn without a tool call). The answer-copy rate says whether answers are read; a task whose
+    calls also read observations (issue 26's support demo) needs the second figure too. Draws no random number.
+    """
+    was_training = policy.training
+    policy.eval()
+    device = next(policy.parameters()).device
+    right: dict[str, int] = {}
+    total: dict[str, int] = {}
+    try:
+        for traj in list(trajectories)[-max_examples:]:
+            ids = sft_example(traj)["input_ids"]
+            batch = torch.tensor([ids], device=device)
+            logits = policy(input_ids=batch, attention_mask=torch.ones_like(batch)).logits
+            predicted = logits[0, :-1].argmax(-1).cpu()
+            target = torch.tensor(ids[1:])
+            calls = {record.turn_index for record in traj.tool_calls}
+            for index, (start, end) in enumerate(action_turns(traj.action_mask[: len(ids)])):
+                kind = _turn_kind(index, calls)
+                total[kind] = total.get(kind, 0) + 1
+                right[kind] = right.get(kind, 0) + int(
+                    bool((predicted[start - 1 : end - 1] == target[start - 1 : end - 1]).all())
+                )
+    finally:
+        policy.train(was_training)
+    return {kind: {"rate": right[kind] / total[kind], "turns": float(total[kind])} for kind in sorted(total)}
+
+
+def _turn_kind(index: int, call_turns: set[int]) -> str:
+    if index not in call_turns:
+        return "answer"
+    return "first_call" if index == 0 else "call_after_observation"
 
 
 def warn_if_not_copying(rate: float, threshold: float = MIN_ANSWER_COPY_RATE) -> bool:

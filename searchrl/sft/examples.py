@@ -28,7 +28,7 @@ def sft_example(traj: Trajectory, max_length: int | None = None) -> dict[str, li
     return {"input_ids": ids, "labels": labels}
 
 
-def _action_turns(action_mask: Sequence[int]) -> list[tuple[int, int]]:
+def action_turns(action_mask: Sequence[int]) -> list[tuple[int, int]]:
     """(start, end) of each run of action tokens, in order: the policy's turns."""
     turns: list[tuple[int, int]] = []
     for i, m in enumerate(action_mask):
@@ -42,7 +42,7 @@ def _action_turns(action_mask: Sequence[int]) -> list[tuple[int, int]]:
 def first_turn_example(traj: Trajectory) -> dict[str, list[int]]:
     """The trajectory cut after its first action turn: prompt + first action, labels on that turn only."""
     example = sft_example(traj)
-    turns = _action_turns(traj.action_mask)
+    turns = action_turns(traj.action_mask)
     if not turns:
         return example
     end = turns[0][1]
@@ -52,7 +52,7 @@ def first_turn_example(traj: Trajectory) -> dict[str, list[int]]:
 def answer_turn_example(traj: Trajectory, max_length: int | None = None) -> dict[str, list[int]]:
     """The trajectory up to the end of its last action turn, labels on that turn only (the answer)."""
     example = sft_example(traj, max_length)
-    turns = _action_turns(traj.action_mask[: len(example["input_ids"])])
+    turns = action_turns(traj.action_mask[: len(example["input_ids"])])
     if not turns:
         return example
     start, end = turns[-1]
