@@ -4,11 +4,12 @@ policy that copies from one that answers every question with one memorised name 
 
 from __future__ import annotations
 
+import pytest
 import torch
 from transformers.modeling_outputs import CausalLMOutput
 
 from searchrl.common.trajectory import ToolCallRecord, Trajectory
-from searchrl.sft.copy_check import answer_copy_rate, turn_copy_rates
+from searchrl.sft.copy_check import answer_copy_rate, reading_copy_rate, turn_copy_rates
 
 VOCAB = 32
 
@@ -113,3 +114,16 @@ def test_turn_copy_rates_tell_an_id_read_wrong_from_an_answer_read_right():
     assert answer_copy_rate(Oracle(demos, wrong={21}), demos) == 1.0  # blind to the id
     assert turn_copy_rates(Oracle(demos, wrong={26}), demos, max_examples=1)["answer"]["rate"] == 1.0
     assert torch.equal(torch.get_rng_state(), before)
+
+
+def test_the_reading_rate_counts_a_demonstration_only_when_every_turn_after_an_observation_is_reproduced():
+    demos = [lookup_demo("a", 20, 25), lookup_demo("b", 21, 26), lookup_demo("c", 22, 27)]
+    assert reading_copy_rate(Oracle(demos), demos) == 1.0
+    assert reading_copy_rate(Oracle(demos, wrong={21}), demos) == 2 / 3  # b's id: its call, not its answer
+    assert reading_copy_rate(Oracle(demos, wrong={27}), demos) == 2 / 3  # c's answer
+    only_answer = Trajectory(id="y", question_id="y", question="q", golds=["x"], input_ids=[1, 2, 29, 8],
+                             action_mask=[0, 0, 1, 1], logprobs=[0.0] * 4, prompt_length=2)  # fmt: skip
+    mixed = [*demos, only_answer]
+    assert reading_copy_rate(Oracle(mixed, wrong={21}), mixed) == 2 / 3  # y reads nothing
+    with pytest.raises(ValueError, match="after an observation"):
+        reading_copy_rate(Oracle([only_answer]), [only_answer])

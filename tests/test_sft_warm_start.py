@@ -277,6 +277,24 @@ def test_a_policy_that_does_not_copy_trains_on_at_the_stable_rate_until_it_does_
     assert len(outcome.losses) == 6 + 3 + 3 + 2  # the whole phase stopped at the gate; two chunks; the decay
 
 
+def test_a_reading_gate_measures_every_turn_after_an_observation(setup, monkeypatch):
+    """copy_gate_turns: reading (issue 26: an order id read out of a search result counts, not only the
+    answer): the gate measures reading_copy_rate, records it under its own name, and extends on it."""
+    from searchrl.sft import copy_check
+
+    given = [0.2, 0.9]
+    monkeypatch.setattr(
+        copy_check, "reading_copy_rate", lambda policy, demos: given.pop(0) if len(given) > 1 else given[0]
+    )
+    monkeypatch.setattr(
+        copy_check, "answer_copy_rate", lambda policy, demos: pytest.fail("the answer rate was read")
+    )
+    config = dataclasses.replace(GATED, copy_gate_turns="reading")
+    outcome = run_sft(build_policy(setup["tok"], MODEL), setup["tok"], setup["demos"][:8], config)
+    assert [h["reading_copy_rate"] for h in outcome.copy_gate] == [0.2, 0.9, 0.9]  # gate, one chunk, decay
+    assert [h["step"] for h in outcome.copy_gate] == [6, 9, 11]
+
+
 def test_the_gate_gives_up_when_its_budget_is_spent_and_still_decays(setup, monkeypatch):
     _rates(monkeypatch, 0.0)
     config = dataclasses.replace(GATED, copy_gate_max_steps=4)
@@ -291,6 +309,7 @@ def test_the_gate_gives_up_when_its_budget_is_spent_and_still_decays(setup, monk
         ({"copy_gate": 1.5}, "copy_gate: a share"),
         ({"lr_scheduler_type": "cosine"}, "warmup_stable_decay"),
         ({"copy_gate_chunk": 0}, "copy_gate_chunk"),
+        ({"copy_gate_turns": "calls"}, "copy_gate_turns: one of"),
     ],
 )
 def test_a_bad_copy_gate_is_refused(changes, needle):

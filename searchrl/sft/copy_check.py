@@ -17,7 +17,8 @@ loudly when the warm start did not learn to copy.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -30,6 +31,10 @@ logger = logging.getLogger("searchrl.sft")
 
 # Below this the warm start has not learned to copy (seed 9: 0.00; seeds 0-8: 0.91 and above).
 MIN_ANSWER_COPY_RATE = 0.5
+
+# What the copy gate measures: the answer turn (`answer_copy_rate`), or every turn after an observation
+# (`reading_copy_rate`: also the calls whose arguments come from a result, e.g. an order id).
+COPY_GATE_TURNS = ("answer", "reading")
 
 
 @torch.no_grad()
@@ -71,6 +76,29 @@ def answer_copy_rate(
     return copied / len(examples)
 
 
+def _turns_reproduced(
+    policy: PreTrainedModel, trajectories: Sequence[Trajectory]
+) -> Iterator[list[tuple[str, bool]]]:
+    """Per demonstration, teacher-forced: (kind, reproduced) of each action turn (`_turn_kind`), where
+    reproduced means every token of the turn is the policy's greedy choice given the expert's context."""
+    device = next(policy.parameters()).device
+    for traj in trajectories:
+        ids = sft_example(traj)["input_ids"]
+        batch = torch.tensor([ids], device=device)
+        predicted = (
+            policy(input_ids=batch, attention_mask=torch.ones_like(batch)).logits[0, :-1].argmax(-1).cpu()
+        )
+        target = torch.tensor(ids[1:])
+        calls = {record.turn_index for record in traj.tool_calls}
+        yield [
+            (
+                _turn_kind(index, calls),
+                bool((predicted[start - 1 : end - 1] == target[start - 1 : end - 1]).all()),
+            )
+            for index, (start, end) in enumerate(action_turns(traj.action_mask[: len(ids)]))
+        ]
+
+
 @torch.no_grad()
 def turn_copy_rates(
     policy: PreTrainedModel, trajectories: Sequence[Trajectory], max_examples: int = 256
@@ -82,28 +110,39 @@ def turn_copy_rates(
     `answer` (a turn without a tool call). The answer-copy rate says whether answers are read; a task whose
     calls also read observations (issue 26's support demo) needs the second figure too. Draws no random number.
     """
-    was_training = policy.training
-    policy.eval()
-    device = next(policy.parameters()).device
     right: dict[str, int] = {}
     total: dict[str, int] = {}
-    try:
-        for traj in list(trajectories)[-max_examples:]:
-            ids = sft_example(traj)["input_ids"]
-            batch = torch.tensor([ids], device=device)
-            logits = policy(input_ids=batch, attention_mask=torch.ones_like(batch)).logits
-            predicted = logits[0, :-1].argmax(-1).cpu()
-            target = torch.tensor(ids[1:])
-            calls = {record.turn_index for record in traj.tool_calls}
-            for index, (start, end) in enumerate(action_turns(traj.action_mask[: len(ids)])):
-                kind = _turn_kind(index, calls)
+    with _evaluating(policy):
+        for turns in _turns_reproduced(policy, list(trajectories)[-max_examples:]):
+            for kind, reproduced in turns:
                 total[kind] = total.get(kind, 0) + 1
-                right[kind] = right.get(kind, 0) + int(
-                    bool((predicted[start - 1 : end - 1] == target[start - 1 : end - 1]).all())
-                )
+                right[kind] = right.get(kind, 0) + int(reproduced)
+    return {kind: {"rate": right[kind] / total[kind], "turns": float(total[kind])} for kind in sorted(total)}
+
+
+@torch.no_grad()
+def reading_copy_rate(
+    policy: PreTrainedModel, trajectories: Sequence[Trajectory], max_examples: int = 256
+) -> float:
+    """Of the last `max_examples` demonstrations that read an observation, the share whose every turn after
+    the first (a call whose arguments come from a result, the answer) the policy reproduces token for token,
+    teacher-forced. Stricter than the answer-copy rate: the copy gate's `reading` mode."""
+    with _evaluating(policy):
+        reading = [turns[1:] for turns in _turns_reproduced(policy, list(trajectories)[-max_examples:])]
+    reading = [after for after in reading if after]  # a demonstration without an observation reads nothing
+    if not reading:
+        raise ValueError("reading_copy_rate needs a demonstration with a turn after an observation")
+    return sum(all(ok for _, ok in after) for after in reading) / len(reading)
+
+
+@contextmanager
+def _evaluating(policy: PreTrainedModel) -> Iterator[None]:
+    was_training = policy.training
+    policy.eval()
+    try:
+        yield
     finally:
         policy.train(was_training)
-    return {kind: {"rate": right[kind] / total[kind], "turns": float(total[kind])} for kind in sorted(total)}
 
 
 def _turn_kind(index: int, call_turns: set[int]) -> str:
@@ -137,15 +176,20 @@ class CopyGate(TrainerCallback):
     steps, nor after 300 more from its decayed end).
     """
 
-    def __init__(self, trajectories: Sequence[Trajectory], at_step: int, rate: float) -> None:
+    def __init__(
+        self, trajectories: Sequence[Trajectory], at_step: int, rate: float, turns: str = "answer"
+    ) -> None:
+        if turns not in COPY_GATE_TURNS:
+            raise ValueError(f"turns: one of {COPY_GATE_TURNS}, got {turns!r}")
         self.trajectories = trajectories
         self.at_step = at_step
         self.rate = rate
-        self.history: list[dict[str, float]] = []  # {"step": whole-phase step, "answer_copy_rate": r}
+        self.key = f"{turns}_copy_rate"  # answer_copy_rate or reading_copy_rate
+        self.history: list[dict[str, float]] = []  # {"step": whole-phase step, self.key: r}
 
     @property
     def passed(self) -> bool:
-        return bool(self.history) and self.history[-1]["answer_copy_rate"] >= self.rate
+        return bool(self.history) and self.history[-1][self.key] >= self.rate
 
     @property
     def stopped_early(self) -> bool:
@@ -153,11 +197,10 @@ class CopyGate(TrainerCallback):
         return bool(self.history) and not self.passed
 
     def measure(self, policy: Any, step: int) -> float:
-        rate = answer_copy_rate(policy, self.trajectories)
-        self.history.append({"step": float(step), "answer_copy_rate": rate})
-        logger.info(
-            "copy gate at whole-phase step %d: answer-copy rate %.3f (gate %.2f)", step, rate, self.rate
-        )
+        measure = answer_copy_rate if self.key == "answer_copy_rate" else reading_copy_rate
+        rate = measure(policy, self.trajectories)
+        self.history.append({"step": float(step), self.key: rate})
+        logger.info("copy gate at whole-phase step %d: %s %.3f (gate %.2f)", step, self.key, rate, self.rate)
         return rate
 
     def on_step_end(self, args: Any, state: Any, control: Any, model: Any = None, **kw: Any) -> None:

@@ -57,7 +57,7 @@ from searchrl.models.tiny import TinyModelConfig, build_policy, tokenizer_traini
 from searchrl.rollout.chat import render_conversation
 from searchrl.rollout.generator import GenerationConfig, HFGenerator
 from searchrl.sections import EnvironmentSection
-from searchrl.sft.copy_check import CopyGate
+from searchrl.sft.copy_check import COPY_GATE_TURNS, CopyGate
 from searchrl.sft.examples import (
     IGNORE_INDEX,
     sft_dataset,
@@ -113,10 +113,19 @@ class SFTWarmStartConfig(ScheduleSection):
     copy_gate: float = field(
         default=0.0,
         metadata=help_text(
-            "With warmup_stable_decay: the answer-copy rate (the share of the last 256 demonstrations whose "
-            "answer turn the policy reproduces, sft/copy_check.py) to reach before the learning rate decays. "
+            "With warmup_stable_decay: the copy rate (copy_gate_turns; answer: the share of the last 256 "
+            "demonstrations whose answer turn the policy reproduces, sft/copy_check.py) to reach before the "
+            "learning rate decays. "
             "Below it, training goes on at the stable rate in copy_gate_chunk steps until it is reached or "
             "copy_gate_max_steps more were spent, then decays. 0 = no gate."
+        ),
+    )
+    copy_gate_turns: str = field(
+        default="answer",
+        metadata=help_text(
+            "What the copy gate measures: answer (the answer turn) or reading (every turn after an "
+            "observation, also a call whose arguments come from a result, e.g. an order id: "
+            "sft/copy_check.py's reading_copy_rate)."
         ),
     )
     copy_gate_chunk: int = field(
@@ -157,6 +166,10 @@ class SFTWarmStartConfig(ScheduleSection):
             raise ConfigError(
                 f"copy_gate needs lr_scheduler_type warmup_stable_decay (it acts where the decay starts), got "
                 f"{self.lr_scheduler_type!r}: set the scheduler or copy_gate: 0"
+            )
+        if self.copy_gate_turns not in COPY_GATE_TURNS:
+            raise ConfigError(
+                f"copy_gate_turns: one of {list(COPY_GATE_TURNS)}, got {self.copy_gate_turns!r}"
             )
         if self.copy_gate_chunk < 1 or self.copy_gate_max_steps < 0:
             raise ConfigError("copy_gate_chunk must be >= 1 and copy_gate_max_steps >= 0")
@@ -333,7 +346,7 @@ def run_sft(
     gate = None
     if config.copy_gate > 0:  # measured where the decay would start (`searchrl.sft.copy_check.CopyGate`)
         stable_steps = _steps_of(config, len(dataset)) - _decay_steps(config, len(dataset))
-        gate = CopyGate(trajectories, at_step=stable_steps, rate=config.copy_gate)
+        gate = CopyGate(trajectories, stable_steps, config.copy_gate, config.copy_gate_turns)
     policy.train()
     try:
         for i, (phase_config, phase_data) in enumerate(phases):
