@@ -68,6 +68,10 @@ LEVERS: dict[str, dict[str, Any]] = {
     # 4e-4 in seed 0's run), so the policy barely leaves SFT; these two let it move (KL 0.1-0.9 a step).
     "lr_5e-4": {"ppo": {"ppo.learning_rate": 5e-4}, "note": "LoRA learning rate 5e-4 (5e-5)"},
     "lr_1e-3": {"ppo": {"ppo.learning_rate": 1e-3}, "note": "LoRA learning rate 1e-3 (5e-5)"},
+    "steps_16_lr_5e-4": {
+        "ppo": {"ppo.learning_rate": 5e-4, "ppo.total_episodes": 256},
+        "note": "16 PPO steps at LoRA learning rate 5e-4 (twice the episodes)",
+    },
     "lr_5e-4_t1": {
         "ppo": {"ppo.learning_rate": 5e-4, "generation.temperature": 1.0},
         "note": "LoRA learning rate 5e-4, sampling temperature 1.0 (0.8): more exploration",
