@@ -19,16 +19,14 @@ SFT policy is read back from the float32 files the first run wrote (its PPO step
 
 from __future__ import annotations
 
-import dataclasses
-import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from searchrl.common.config import ConfigError, load_config
 from searchrl.common.trajectory import Trajectory, read_trajectories
 from searchrl.demo.layouts import BASELINE_FILES
+from searchrl.demo.reuse import remove_paths, reused_summary, why_not_reusable
 from searchrl.demo.summary import headline
 from searchrl.run.sources import read_json
 from searchrl.run.writer import eval_trajectories_path
@@ -60,16 +58,7 @@ class RealWarmStart:
     stages_seconds: dict[str, float]
 
     def to_summary(self) -> dict[str, Any]:
-        return {
-            "reused": True,
-            "policy_dir": str(self.sft_policy_dir),
-            "stages_seconds_when_trained": self.stages_seconds,
-        }
-
-
-def warm_start_settings(cfg: Any) -> dict[str, Any]:
-    """The RealDemoConfig fields stages 1-7 depend on, as plain data."""
-    return {name: value for name, value in dataclasses.asdict(cfg).items() if name not in NOT_WARM_START}
+        return reused_summary(self.sft_policy_dir, self.stages_seconds)
 
 
 def _required_files(cfg: Any, out: Path) -> list[Path]:
@@ -88,18 +77,9 @@ def _required_files(cfg: Any, out: Path) -> list[Path]:
 
 def find_real_warm_start(cfg: Any, out: Path) -> tuple[RealWarmStart | None, str]:
     """Stages 4-7 read back from `out` when `cfg` may reuse them; else None and the reason, for the user."""
-    missing = [p for p in _required_files(cfg, out) if not p.exists()]
-    if missing:
-        return None, f"no finished warm start in {out} (missing {', '.join(str(p) for p in missing)})"
-    saved_config = out / "demo_config.yaml"
-    try:
-        saved = load_config(type(cfg), saved_config)
-    except (ConfigError, TypeError, ValueError) as exc:
-        return None, f"{saved_config} is not a RealDemoConfig this searchrl reads ({exc})"
-    now, then = warm_start_settings(cfg), warm_start_settings(saved)
-    changed = sorted(key for key in now if now[key] != then.get(key))
-    if changed:
-        return None, f"{saved_config} trained its warm start with other settings: {', '.join(changed)}"
+    why = why_not_reusable(cfg, out, _required_files(cfg, out), NOT_WARM_START)
+    if why:
+        return None, why
     baselines: dict[str, Any] = {}
     baseline_trajectories: dict[str, list[Trajectory]] = {}
     for name in cfg.baselines:
@@ -133,9 +113,4 @@ def load_sft_policy(found: RealWarmStart, load: Callable[[Path], Any]) -> Any:
 
 def clear_after_warm_start(out: Path) -> None:
     """Remove what stages 8 and later wrote in an earlier run of this folder (`AFTER_WARM_START`)."""
-    for name in AFTER_WARM_START:
-        path = out / name
-        if path.is_dir():
-            shutil.rmtree(path)
-        elif path.exists():
-            path.unlink()
+    remove_paths(out, AFTER_WARM_START)

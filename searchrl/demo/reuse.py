@@ -53,34 +53,57 @@ class ReusedWarmStart:
     answer_copy_rate: float | None = None  # measured when it was trained (None: a summary from before #25)
 
     def to_summary(self) -> dict[str, Any]:
-        return {
-            "reused": True,
-            "policy_dir": str(self.policy_dir),
-            "stages_seconds_when_trained": self.stages_seconds,
-        }
+        return reused_summary(self.policy_dir, self.stages_seconds)
 
 
-def warm_start_settings(cfg: Any) -> dict[str, Any]:
-    """The DemoConfig fields a warm start depends on, as plain data."""
-    return {name: value for name, value in dataclasses.asdict(cfg).items() if name not in NOT_WARM_START}
+def warm_start_settings(cfg: Any, not_warm_start: tuple[str, ...] = NOT_WARM_START) -> dict[str, Any]:
+    """The config fields a warm start depends on (all but `not_warm_start`), as plain data."""
+    return {name: value for name, value in dataclasses.asdict(cfg).items() if name not in not_warm_start}
+
+
+def why_not_reusable(
+    cfg: Any, out: Path, required: list[Path], not_warm_start: tuple[str, ...] = NOT_WARM_START
+) -> str:
+    """Why the warm start in `out` cannot serve `cfg` (a file of `required` missing, a saved config this
+    searchrl cannot read, other warm-start settings), or "" when it can. Serves both demos."""
+    missing = [p for p in required if not p.exists()]
+    if missing:
+        return f"no finished warm start in {out} (missing {', '.join(str(p) for p in missing)})"
+    saved_config = out / "demo_config.yaml"
+    try:
+        saved = load_config(type(cfg), saved_config)
+    except (ConfigError, TypeError, ValueError) as exc:
+        return f"{saved_config} is not a {type(cfg).__name__} this searchrl reads ({exc})"
+    now, then = warm_start_settings(cfg, not_warm_start), warm_start_settings(saved, not_warm_start)
+    changed = sorted(key for key in now if now[key] != then.get(key))
+    if changed:
+        return f"{saved_config} trained its warm start with other settings: {', '.join(changed)}"
+    return ""
+
+
+def reused_summary(policy_dir: Path, stages_seconds: dict[str, float]) -> dict[str, Any]:
+    """summary.json's `warm_start` for a reused warm start."""
+    return {"reused": True, "policy_dir": str(policy_dir), "stages_seconds_when_trained": stages_seconds}
+
+
+def remove_paths(out: Path, names: tuple[str, ...]) -> None:
+    """Remove each of `names` (files or folders) under `out` that exists."""
+    for name in names:
+        path = out / name
+        if path.is_dir():
+            shutil.rmtree(path)
+        elif path.exists():
+            path.unlink()
 
 
 def find_warm_start(cfg: Any, out: Path) -> tuple[ReusedWarmStart | None, str]:
     """The warm start in `out` when `cfg` may reuse it; else None and the reason, for the user."""
     policy_dir = out / "sft" / "policy"
-    saved_config = out / "demo_config.yaml"
     demos = out / "sft" / "expert.jsonl.gz"
-    missing = [p for p in [saved_config, demos, *(policy_dir / f for f in POLICY_FILES)] if not p.exists()]
-    if missing:
-        return None, f"no finished warm start in {out} (missing {', '.join(str(p) for p in missing)})"
-    try:
-        saved = load_config(type(cfg), saved_config)
-    except (ConfigError, TypeError, ValueError) as exc:
-        return None, f"{saved_config} is not a DemoConfig this searchrl reads ({exc})"
-    now, then = warm_start_settings(cfg), warm_start_settings(saved)
-    changed = sorted(key for key in now if now[key] != then.get(key))
-    if changed:
-        return None, f"{saved_config} trained its warm start with other settings: {', '.join(changed)}"
+    required = [out / "demo_config.yaml", demos, *(policy_dir / f for f in POLICY_FILES)]
+    why = why_not_reusable(cfg, out, required)
+    if why:
+        return None, why
     summary = read_json(out / "summary.json") or {}
     stages = {k: v for k, v in summary.get("stages_seconds", {}).items() if k in ("data", "index", "models",
                                                                                   "expert", "sft")}  # fmt: skip
@@ -93,12 +116,7 @@ def find_warm_start(cfg: Any, out: Path) -> tuple[ReusedWarmStart | None, str]:
 
 def clear_after_warm_start(out: Path) -> None:
     """Remove what the stages after SFT wrote in an earlier run of this folder."""
-    for name in AFTER_WARM_START:
-        path = out / name
-        if path.is_dir():
-            shutil.rmtree(path)
-        elif path.exists():
-            path.unlink()
+    remove_paths(out, AFTER_WARM_START)
 
 
 def _count_lines(path: Path) -> int:
