@@ -278,8 +278,16 @@ def test_reuse_warm_start_reruns_ppo_on_the_same_warm_start(toy_run, tmp_path):
 def test_reuse_warm_start_refuses_other_settings_and_missing_files(toy_run, tmp_path):
     from searchrl.demo.real_reuse import find_real_warm_start
 
-    same, why = find_real_warm_start(dataclasses.replace(toy_run.cfg, num_threads=1), toy_run.out)
+    hotter = dataclasses.replace(toy_run.cfg.generation, temperature=1.0)  # PPO's sampling only: reusable
+    same, why = find_real_warm_start(
+        dataclasses.replace(toy_run.cfg, num_threads=1, generation=hotter), toy_run.out
+    )
     assert same is not None and why == "" and len(same.sft_trajectories) == toy_run.summary["test_questions"]
+    greedy_off = dataclasses.replace(
+        toy_run.cfg.generation, eval_temperature=0.5
+    )  # evaluations: not reusable
+    found, why = find_real_warm_start(dataclasses.replace(toy_run.cfg, generation=greedy_off), toy_run.out)
+    assert found is None and why.endswith("other settings: generation")
     other = dataclasses.replace(toy_run.cfg, sft=dataclasses.replace(toy_run.cfg.sft, learning_rate=1e-3))
     found, why = find_real_warm_start(other, toy_run.out)
     assert found is None and why.endswith("trained its warm start with other settings: sft")

@@ -475,7 +475,8 @@ class RealDemoConfig:
         default=False,
         metadata={
             "help": "Keep stages 4-7 (baselines, demonstrations, SFT, SFT's test evaluation) that out_dir already "
-            "holds when its demo_config.yaml has the same settings but for out_dir, num_threads, ppo, grpo: PPO, "
+            "holds when its demo_config.yaml has the same settings but for out_dir, num_threads, ppo, grpo and "
+            "generation.temperature: PPO, "
             "its evaluation, GRPO and the summary run again (`searchrl.demo.real_reuse`). Otherwise every stage "
             "runs, and the demo says why."
         },

@@ -32,7 +32,10 @@ from searchrl.run.sources import read_json
 from searchrl.run.writer import eval_trajectories_path
 
 # RealDemoConfig fields that do not change stages 1-7: where the run goes, how fast, what comes after SFT.
-NOT_WARM_START = ("out_dir", "num_threads", "ppo", "grpo", "progress_bar", "reuse_warm_start")
+# `generation.temperature` samples PPO's and GRPO's rollouts only: every evaluation of stages 4 and 7 is greedy
+# and the expert's turns are forced.
+NOT_WARM_START = ("out_dir", "num_threads", "ppo", "grpo", "progress_bar", "reuse_warm_start",
+                  "generation.temperature")  # fmt: skip
 
 # What a run writes after SFT's evaluation: removed before those stages run again (a new PPO run must not
 # resume from, or append to, the old one).

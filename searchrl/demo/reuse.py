@@ -57,8 +57,16 @@ class ReusedWarmStart:
 
 
 def warm_start_settings(cfg: Any, not_warm_start: tuple[str, ...] = NOT_WARM_START) -> dict[str, Any]:
-    """The config fields a warm start depends on (all but `not_warm_start`), as plain data."""
-    return {name: value for name, value in dataclasses.asdict(cfg).items() if name not in not_warm_start}
+    """The config fields a warm start depends on (all but `not_warm_start`: fields, or `section.field`), as
+    plain data."""
+    settings = dataclasses.asdict(cfg)
+    for name in not_warm_start:
+        section, _, key = name.partition(".")
+        if key:
+            settings.get(section, {}).pop(key, None)
+        else:
+            settings.pop(section, None)
+    return settings
 
 
 def why_not_reusable(
