@@ -49,11 +49,9 @@ def answer_copy_rate(
     examples = [answer_turn_example(t) for t in list(trajectories)[-max_examples:]]
     if not examples:
         raise ValueError("answer_copy_rate needs at least one demonstration")
-    was_training = policy.training
-    policy.eval()
     device = next(policy.parameters()).device
     copied = 0
-    try:
+    with _evaluating(policy):
         for start in range(0, len(examples), batch_size):
             chunk = examples[start : start + batch_size]
             width = max(len(e["input_ids"]) for e in chunk)
@@ -71,8 +69,6 @@ def answer_copy_rate(
             scored = target != IGNORE_INDEX
             wrong = (predicted != target) & scored
             copied += int((~wrong.any(dim=1) & scored.any(dim=1)).sum())
-    finally:
-        policy.train(was_training)
     return copied / len(examples)
 
 
@@ -184,6 +180,7 @@ class CopyGate(TrainerCallback):
         self.trajectories = trajectories
         self.at_step = at_step
         self.rate = rate
+        self.turns = turns
         self.key = f"{turns}_copy_rate"  # answer_copy_rate or reading_copy_rate
         self.history: list[dict[str, float]] = []  # {"step": whole-phase step, self.key: r}
 
@@ -197,7 +194,7 @@ class CopyGate(TrainerCallback):
         return bool(self.history) and not self.passed
 
     def measure(self, policy: Any, step: int) -> float:
-        measure = answer_copy_rate if self.key == "answer_copy_rate" else reading_copy_rate
+        measure = answer_copy_rate if self.turns == "answer" else reading_copy_rate
         rate = measure(policy, self.trajectories)
         self.history.append({"step": float(step), self.key: rate})
         logger.info("copy gate at whole-phase step %d: %s %.3f (gate %.2f)", step, self.key, rate, self.rate)

@@ -20,8 +20,9 @@ copying within ~300 steps, after which reading answers out of observations follo
 
 The copy gate (`copy_gate > 0`, `searchrl.sft.copy_check.CopyGate`): copying an answer out of an observation forms
 after a number of stable-rate steps that differs by seed, and a decayed rate does not finish it. Where the decay
-would start, the answer-copy rate is measured; below the gate the stable phase goes on in chunks until it is
-reached (or the budget is spent), then the planned decay runs. A policy that passes trains exactly as without it.
+would start, the answer-copy rate (or, with `copy_gate_turns: reading`, the reading rate) is measured; below
+the gate the stable phase goes on in chunks until it is reached (or the budget is spent), then the planned decay
+runs. A policy that passes trains exactly as without it.
 
 CPU: TRL configs default to bf16, which fails on a CPU-only box, so `bf16` is ours (default False; True is
 an autocast, weights stay float32), `use_cpu` when no accelerator is present, no gradient checkpointing
@@ -184,7 +185,8 @@ class SFTOutcome:
     metrics: dict[str, float]
     num_examples: int
     trained_tokens: int
-    # The copy gate's measurements (`CopyGate.history`): whole-phase step and answer-copy rate.
+    # The copy gate's measurements (`CopyGate.history`): whole-phase step and the rate it measures
+    # (`answer_copy_rate`, or `reading_copy_rate` with copy_gate_turns: reading).
     copy_gate: list[dict[str, float]] = field(default_factory=list)
 
 
