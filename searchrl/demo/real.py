@@ -71,7 +71,7 @@ from searchrl.demo.baselines import (
 )
 from searchrl.demo.configs import RealDemoConfig, check_real_config
 from searchrl.demo.layouts import BASELINE_FILES, real_demo_layout
-from searchrl.demo.real_reuse import clear_after_warm_start, find_real_warm_start, load_sft_policy
+from searchrl.demo.real_reuse import clear_after_warm_start, find_real_warm_start
 from searchrl.demo.reuse import warm_start_if_asked
 from searchrl.demo.stages import StageProgress, StageRunner
 from searchrl.demo.summary import (
@@ -309,7 +309,7 @@ def run_real_demo(cfg: RealDemoConfig) -> dict[str, Any]:
         write_eval(out, "sft-test", sft_summary, sft_trajs, stages.eval_meta(stage="sft"))
     else:  # 4-7 read back (`searchrl.demo.real_reuse`)
         baselines, baseline_trajs = reused.baselines, reused.baseline_trajectories
-        sft_policy = load_sft_policy(reused, load_policy).to(_device(cfg))
+        sft_policy = reused.load_sft_policy().to(_device(cfg))
         sft_info, demos = reused.sft_info, reused.demonstrations
         kept = _trained_demonstrations(cfg, demos)
         sft_summary, sft_trajs = reused.sft_summary, reused.sft_trajectories

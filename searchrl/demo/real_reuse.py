@@ -19,7 +19,6 @@ SFT policy is read back from the float32 files the first run wrote (its PPO step
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,6 +27,7 @@ from searchrl.common.trajectory import Trajectory, read_trajectories
 from searchrl.demo.layouts import BASELINE_FILES
 from searchrl.demo.reuse import remove_paths, reused_summary, why_not_reusable
 from searchrl.demo.summary import headline
+from searchrl.models.io import load_policy
 from searchrl.run.sources import read_json
 from searchrl.run.writer import eval_trajectories_path
 
@@ -62,6 +62,13 @@ class RealWarmStart:
 
     def to_summary(self) -> dict[str, Any]:
         return reused_summary(self.sft_policy_dir, self.stages_seconds)
+
+    def load_sft_policy(self) -> Any:
+        """The SFT policy from its files, named by their absolute path (the PPO adapter records it as its
+        base)."""
+        policy = load_policy(self.sft_policy_dir)
+        policy.config._name_or_path = policy.name_or_path = str(self.sft_policy_dir)
+        return policy
 
 
 def _required_files(cfg: Any, out: Path) -> list[Path]:
@@ -105,13 +112,6 @@ def find_real_warm_start(cfg: Any, out: Path) -> tuple[RealWarmStart | None, str
 
 def _read_eval(path: Path) -> tuple[dict[str, Any], list[Trajectory]]:
     return read_json(path) or {}, read_trajectories(eval_trajectories_path(path))
-
-
-def load_sft_policy(found: RealWarmStart, load: Callable[[Path], Any]) -> Any:
-    """The SFT policy from its files, named by their absolute path (the PPO adapter records it as its base)."""
-    policy = load(found.sft_policy_dir)
-    policy.config._name_or_path = policy.name_or_path = str(found.sft_policy_dir)
-    return policy
 
 
 def clear_after_warm_start(out: Path) -> None:
