@@ -3,12 +3,14 @@
 `sft_example` labels every action token (-100 elsewhere: the prompt, observations and the chat template's
 glue carry no loss); `first_turn_example` and `answer_turn_example` cut a trajectory to one of the warm
 start's curriculum phases (`searchrl.sft.warm_start`, module docstring); `sft_dataset` builds a
-`datasets.Dataset` of them. Kept apart from the trainer so that what reads a demonstration the same way
+`datasets.Dataset` of them. `span_copy_example` / `copy_pretraining_dataset` are the phase before them:
+copying a span of the context again, cued by its first tokens (what a pretrained model can already do). Kept apart from the trainer so that what reads a demonstration the same way
 (the copy check, `searchrl.sft.copy_check`) needs no trainer.
 """
 
 from __future__ import annotations
 
+import random
 from collections.abc import Sequence
 
 from datasets import Dataset
@@ -87,3 +89,38 @@ def sft_dataset(
     if not examples:
         raise ValueError("warm start needs at least one trajectory; generate demonstrations first")
     return Dataset.from_list(examples)
+
+
+def span_copy_example(
+    ids: Sequence[int], rng: random.Random, window: int = 128, max_span: int = 16, cue: int = 2
+) -> dict[str, list[int]]:
+    """A window of `ids`, then a span of that window again: labels on the span after its first `cue` tokens.
+
+    The span (`cue` + 2 to `max_span` tokens, from anywhere in the window) can only be continued by finding
+    where its cue stood and reading on from there: the induction circuit that copying an order id or a
+    date out of an observation needs, and that a model trained from scratch does not have.
+    """
+    if len(ids) < cue + 2:
+        raise ValueError(f"a span-copy example needs at least {cue + 2} tokens, got {len(ids)}")
+    start = rng.randrange(0, max(1, len(ids) - window + 1))
+    context = [int(i) for i in ids[start : start + window]]
+    length = rng.randint(cue + 2, max(cue + 2, min(max_span, len(context))))
+    at = rng.randrange(0, len(context) - length + 1)
+    span = context[at : at + length]
+    return {"input_ids": context + span, "labels": [IGNORE_INDEX] * (len(context) + cue) + span[cue:]}
+
+
+def copy_pretraining_dataset(
+    trajectories: Sequence[Trajectory], num_examples: int, seed: int = 0, window: int = 128
+) -> Dataset:
+    """`num_examples` span-copy examples over windows of the trajectories' tokens (prompts, actions and
+    observations alike), drawn with `seed`."""
+    usable = [t for t in trajectories if len(t.input_ids) >= 4]
+    if not usable:
+        raise ValueError(
+            "copy pretraining needs trajectories of at least 4 tokens; generate demonstrations first"
+        )
+    rng = random.Random(seed)
+    return Dataset.from_list(
+        [span_copy_example(rng.choice(usable).input_ids, rng, window) for _ in range(num_examples)]
+    )
