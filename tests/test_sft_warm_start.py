@@ -9,9 +9,12 @@ keeps our labels exactly and that bad input is refused.
 from __future__ import annotations
 
 import dataclasses
+import random
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from worlds import TINY_WIDE
 
 from searchrl.common.config import ConfigError
@@ -22,9 +25,11 @@ from searchrl.models.tiny import build_policy, tokenizer_training_texts, train_t
 from searchrl.sft.examples import (
     IGNORE_INDEX,
     answer_turn_example,
+    copy_pretraining_dataset,
     first_turn_example,
     sft_dataset,
     sft_example,
+    span_copy_example,
 )
 from searchrl.sft.expert import ExpertConfig, ExpertPolicy
 from searchrl.sft.warm_start import (
@@ -33,6 +38,7 @@ from searchrl.sft.warm_start import (
     make_sft_trainer,
     prompt_texts,
     run_sft,
+    sft_total_steps,
     warm_start,
 )
 
@@ -140,6 +146,9 @@ def test_inconsistent_trajectory_is_refused():
         ({"warmup_ratio": 1.5}, "warmup_ratio"),
         ({"answer_turn_steps": -1}, "answer_turn_steps"),
         ({"answer_turn_batch_size": 0}, "answer_turn_batch_size"),
+        ({"copy_pretrain_steps": -1}, "copy_pretrain_steps"),
+        ({"copy_pretrain_batch_size": 0}, "copy_pretrain_batch_size"),
+        ({"copy_pretrain_window": 3}, "copy_pretrain_window"),
     ],
 )
 def test_bad_sft_config_is_refused(kwargs, needle):
@@ -198,6 +207,67 @@ def test_the_curriculum_trains_first_turns_then_whole_demonstrations(setup):
         dataclasses.replace(config, answer_turn_steps=2, answer_turn_batch_size=2),
     )
     assert len(with_answers.losses) == 4 + 2 + 3
+    tuned = dict(outcome.policy.named_parameters())
+    assert all(not torch.equal(b, tuned[n].detach()) for n, b in before.items())
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    ids=st.lists(st.integers(0, 50), min_size=4, max_size=300),
+    window=st.integers(4, 160),
+    max_span=st.integers(1, 24),
+    seed=st.integers(0, 2**16),
+)
+def test_a_span_copy_example_repeats_a_span_of_its_window_and_labels_it_after_the_cue(
+    ids, window, max_span, seed
+):
+    ex = span_copy_example(ids, random.Random(seed), window=window, max_span=max_span)
+    labels, tokens = ex["labels"], ex["input_ids"]
+    trained = [i for i, label in enumerate(labels) if label != IGNORE_INDEX]
+    assert trained, "every example trains at least two tokens"
+    span_start = trained[0] - 2  # the cue: the span's first two tokens, given, not trained
+    context, span = tokens[:span_start], tokens[span_start:]
+    assert trained == list(range(span_start + 2, len(tokens)))
+    assert [labels[i] for i in trained] == span[2:]
+    assert 4 <= len(span) <= max(4, min(max_span, len(context))) and len(context) <= window
+    assert any(ids[i : i + len(context)] == context for i in range(len(ids) - len(context) + 1))
+    assert any(context[i : i + len(span)] == span for i in range(len(context) - len(span) + 1))
+
+
+def test_a_span_copy_example_refuses_a_context_too_short_to_copy_from():
+    with pytest.raises(ValueError, match="at least 4 tokens"):
+        span_copy_example([1, 2, 3], random.Random(0))
+
+
+def test_copy_pretraining_data_is_drawn_from_the_demonstrations_by_seed(setup):
+    demos = setup["demos"][:8]
+    a, b = copy_pretraining_dataset(demos, 16, seed=3), copy_pretraining_dataset(demos, 16, seed=3)
+    assert len(a) == 16 and a["input_ids"] == b["input_ids"]
+    assert a["input_ids"] != copy_pretraining_dataset(demos, 16, seed=4)["input_ids"]
+    streams = [[int(i) for i in d.input_ids] for d in demos]
+    for tokens, labels in zip(a["input_ids"], a["labels"], strict=True):
+        context = tokens[: labels.index(next(x for x in labels if x != IGNORE_INDEX)) - 2]
+        assert any(
+            s[i : i + len(context)] == context for s in streams for i in range(len(s) - len(context) + 1)
+        )
+
+
+def test_span_copying_comes_before_the_curriculum_and_counts_in_the_total(setup):
+    policy = build_policy(setup["tok"], MODEL)
+    before = {n: p.detach().clone() for n, p in policy.named_parameters()}
+    config = SFTWarmStartConfig(
+        max_steps=3,
+        per_device_train_batch_size=2,
+        copy_pretrain_steps=3,
+        copy_pretrain_batch_size=4,
+        copy_pretrain_window=32,
+        first_turn_steps=2,
+        first_turn_batch_size=4,
+        logging_steps=1,
+    )
+    assert sft_total_steps(config, 8) == 3 + 2 + 3
+    outcome = run_sft(policy, setup["tok"], setup["demos"][:8], config)
+    assert len(outcome.losses) == 3 + 2 + 3  # one logged loss per step of each phase
     tuned = dict(outcome.policy.named_parameters())
     assert all(not torch.equal(b, tuned[n].detach()) for n, b in before.items())
 
