@@ -38,12 +38,15 @@ def _support_environment() -> EnvironmentSection:
 
 
 def _support_sft() -> SFTWarmStartConfig:
-    # 400 steps of span copying, 300 first-turn steps, then 400 whole-demonstration steps (stable, then
-    # decaying), no copy gate. Measured on seed 0 (docs/support.md): without span copying the tiny model copied
-    # from the question by position only and read order ids, dates and items out of observations poorly
-    # (1,300 steps of the synthetic demo's recipe: test task success 0.39); with it, 700 later steps reached
-    # 0.53, where the same 700 steps alone gave 0.18.
-    return dataclasses.replace(DemoConfig().sft, copy_pretrain_steps=400, max_steps=400, copy_gate=0.0)
+    # 400 steps of span copying over whole demonstrations (a window of 512 tokens holds any of them), 300
+    # first-turn steps, then 400 whole-demonstration steps (stable, then decaying), no copy gate. Measured on
+    # seed 0 (docs/support.md): without span copying the tiny model copies from the question by position only
+    # and reads order ids, dates and items out of observations poorly (1,300 steps of the synthetic demo's
+    # recipe: test task success 0.39; the same 700 later steps alone: 0.18); span copying over whole
+    # demonstrations gave 0.53, over 128-token windows 0.29.
+    return dataclasses.replace(
+        DemoConfig().sft, copy_pretrain_steps=400, copy_pretrain_window=512, max_steps=400, copy_gate=0.0
+    )
 
 
 def _support_ppo() -> PPOSection:

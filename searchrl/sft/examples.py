@@ -4,8 +4,9 @@
 glue carry no loss); `first_turn_example` and `answer_turn_example` cut a trajectory to one of the warm
 start's curriculum phases (`searchrl.sft.warm_start`, module docstring); `sft_dataset` builds a
 `datasets.Dataset` of them. `span_copy_example` / `copy_pretraining_dataset` are the phase before them:
-copying a span of the context again, cued by its first tokens (what a pretrained model can already do). Kept apart from the trainer so that what reads a demonstration the same way
-(the copy check, `searchrl.sft.copy_check`) needs no trainer.
+copying a span of the context again, cued by its first tokens (what a pretrained model can already do).
+Kept apart from the trainer so that what reads a demonstration the same way (the copy check,
+`searchrl.sft.copy_check`) needs no trainer.
 """
 
 from __future__ import annotations
