@@ -237,6 +237,8 @@ def test_a_span_copy_example_repeats_a_span_of_its_window_and_labels_it_after_th
 def test_a_span_copy_example_refuses_a_context_too_short_to_copy_from():
     with pytest.raises(ValueError, match="at least 4 tokens"):
         span_copy_example([1, 2, 3], random.Random(0))
+    with pytest.raises(ValueError, match="a window of 3"):
+        span_copy_example(list(range(50)), random.Random(0), window=3)
 
 
 def test_copy_pretraining_data_is_drawn_from_the_demonstrations_by_seed(setup):

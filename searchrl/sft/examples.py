@@ -101,8 +101,11 @@ def span_copy_example(
     where its cue stood and reading on from there: the induction circuit that copying an order id or a
     date out of an observation needs, and that a model trained from scratch does not have.
     """
-    if len(ids) < cue + 2:
-        raise ValueError(f"a span-copy example needs at least {cue + 2} tokens, got {len(ids)}")
+    if min(len(ids), window) < cue + 2:
+        raise ValueError(
+            f"a span-copy example needs at least {cue + 2} tokens and a window as long, got {len(ids)} tokens "
+            f"and a window of {window}"
+        )
     start = rng.randrange(0, max(1, len(ids) - window + 1))
     context = [int(i) for i in ids[start : start + window]]
     length = rng.randint(cue + 2, max(cue + 2, min(max_span, len(context))))
