@@ -181,8 +181,12 @@ class CopyGate(TrainerCallback):
         self.at_step = at_step
         self.rate = rate
         self.turns = turns
-        self.key = f"{turns}_copy_rate"  # answer_copy_rate or reading_copy_rate
         self.history: list[dict[str, float]] = []  # {"step": whole-phase step, self.key: r}
+
+    @property
+    def key(self) -> str:
+        """The rate's name in `history`: answer_copy_rate or reading_copy_rate."""
+        return f"{self.turns}_copy_rate"
 
     @property
     def passed(self) -> bool:
