@@ -19,6 +19,9 @@ from datasets import Dataset
 from searchrl.common.trajectory import Trajectory
 
 IGNORE_INDEX = -100
+# A span-copy example gives the first SPAN_CUE tokens of its span and trains at least two more.
+SPAN_CUE = 2
+MIN_SPAN = SPAN_CUE + 2
 
 
 def sft_example(traj: Trajectory, max_length: int | None = None) -> dict[str, list[int]]:
@@ -93,7 +96,7 @@ def sft_dataset(
 
 
 def span_copy_example(
-    ids: Sequence[int], rng: random.Random, window: int = 128, max_span: int = 16, cue: int = 2
+    ids: Sequence[int], rng: random.Random, window: int = 128, max_span: int = 16, cue: int = SPAN_CUE
 ) -> dict[str, list[int]]:
     """A window of `ids`, then a span of that window again: labels on the span after its first `cue` tokens.
 
@@ -119,10 +122,10 @@ def copy_pretraining_dataset(
 ) -> Dataset:
     """`num_examples` span-copy examples over windows of the trajectories' tokens (prompts, actions and
     observations alike), drawn with `seed`."""
-    usable = [t for t in trajectories if len(t.input_ids) >= 4]
+    usable = [t for t in trajectories if len(t.input_ids) >= MIN_SPAN]
     if not usable:
         raise ValueError(
-            "copy pretraining needs trajectories of at least 4 tokens; generate demonstrations first"
+            f"copy pretraining needs trajectories of at least {MIN_SPAN} tokens; generate demonstrations first"
         )
     rng = random.Random(seed)
     return Dataset.from_list(

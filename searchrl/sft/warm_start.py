@@ -66,7 +66,7 @@ from searchrl.rollout.chat import render_conversation
 from searchrl.rollout.generator import GenerationConfig, HFGenerator
 from searchrl.sections import EnvironmentSection
 from searchrl.sft.copy_check import COPY_GATE_TURNS, CopyGate
-from searchrl.sft.examples import IGNORE_INDEX, copy_pretraining_dataset, sft_dataset
+from searchrl.sft.examples import IGNORE_INDEX, MIN_SPAN, copy_pretraining_dataset, sft_dataset
 from searchrl.sft.expert import ExpertConfig, ExpertPolicy
 
 logger = logging.getLogger("searchrl.sft")
@@ -175,9 +175,14 @@ class SFTWarmStartConfig(ScheduleSection):
             raise ConfigError(f"max_length: must be >= 8 tokens, got {self.max_length}")
         if not 0.0 < self.decay_ratio <= 1.0:
             raise ConfigError(f"decay_ratio: must be in (0, 1], got {self.decay_ratio}")
-        if self.copy_pretrain_steps < 0 or self.copy_pretrain_batch_size < 1 or self.copy_pretrain_window < 4:
+        if (
+            self.copy_pretrain_steps < 0
+            or self.copy_pretrain_batch_size < 1
+            or self.copy_pretrain_window < MIN_SPAN
+        ):
             raise ConfigError(
-                "copy_pretrain_steps must be >= 0, copy_pretrain_batch_size >= 1 and copy_pretrain_window >= 4"
+                "copy_pretrain_steps must be >= 0, copy_pretrain_batch_size >= 1 and copy_pretrain_window >= "
+                f"{MIN_SPAN}"
             )
         if self.first_turn_steps < 0 or self.first_turn_batch_size < 1:
             raise ConfigError("first_turn_steps must be >= 0 and first_turn_batch_size >= 1")
