@@ -69,14 +69,20 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_jsonl(tmp_path_factory.mktemp("corpus") / "c.jsonl", make_rows(3000))
 
 
-@pytest.mark.parametrize("method", ["lucene", "bm25+"])
-def test_streamed_bm25_equals_bm25s_one_shot_bit_for_bit(corpus: Path, tmp_path: Path, method: str) -> None:
-    params = BM25Params(method=method)
+@pytest.mark.parametrize(
+    ("method", "stemmer"), [("lucene", "english"), ("bm25+", "english"), ("lucene", None)]
+)
+def test_streamed_bm25_equals_bm25s_one_shot_bit_for_bit(
+    corpus: Path, tmp_path: Path, method: str, stemmer: str | None
+) -> None:
+    params = BM25Params(method=method, stemmer=stemmer)
     docs = load_corpus(corpus)
     BM25Backend.build(docs, tmp_path / "ref", params)
     BM25ChunkIndexer.postings_per_pass = 5000  # many term ranges in the merge
     try:
-        build_index(corpus, tmp_path / "s", stream=StreamSettings(chunk_docs=337), method=method)
+        build_index(
+            corpus, tmp_path / "s", stream=StreamSettings(chunk_docs=337), method=method, stemmer=stemmer
+        )
     finally:
         BM25ChunkIndexer.postings_per_pass = None
     for name in BM25_FILES:
@@ -92,6 +98,27 @@ def test_streamed_bm25_equals_bm25s_one_shot_bit_for_bit(corpus: Path, tmp_path:
     assert meta["corpus_sha256"] == corpus_hash(docs)
     assert meta["fingerprint"] == compute_fingerprint(corpus_hash(docs), "bm25", params.to_dict())
     assert not (tmp_path / "s" / BUILD_DIR).exists()
+
+
+def test_a_stemmed_build_keeps_only_the_stems_and_searches_the_words_it_dropped(tmp_path: Path) -> None:
+    rows = [
+        {"id": "a", "contents": "running shoes for the marathon"},
+        {"id": "b", "contents": "he runs every morning"},
+        {"id": "c", "contents": ""},
+        {"id": "d", "contents": "a quiet library at night"},
+    ] * 3
+    rows = [{**r, "id": f"{r['id']}{i}"} for i, r in enumerate(rows)]
+    backend = build_index(
+        write_jsonl(tmp_path / "c.jsonl", rows), tmp_path / "i", stream=StreamSettings(chunk_docs=3)
+    )
+    vocab = json.loads((tmp_path / "i/bm25/vocab.tokenizer.json").read_text())
+    # The surface forms are caches of stem -> id: only the empty word (a document with no token) stays.
+    assert vocab["word_to_id"] == {"": vocab["stem_to_sid"][""]} and vocab["word_to_stem"] == {"": ""}
+    assert {"run", "marathon", "librari"} <= set(vocab["stem_to_sid"])
+    assert vocab["stem_to_sid"] == json.loads((tmp_path / "i/bm25/vocab.index.json").read_text())
+    hits = backend.search(["running", "ran runs", "libraries"], 6)
+    assert {h.doc_id[0] for h in hits[0]} == {"a", "b"} and {h.doc_id[0] for h in hits[1]} == {"a", "b"}
+    assert {h.doc_id[0] for h in hits[2]} == {"d"}
 
 
 def test_a_loaded_index_keeps_one_vocabulary_and_the_same_token_ids(corpus: Path, tmp_path: Path) -> None:

@@ -124,11 +124,23 @@ def slim_query_vocab(retriever: bm25s.BM25, tokenizer: Tokenizer) -> None:
         retriever.unique_token_ids_set = range(len(ids))
     empty = retriever.vocab_dict.get("")
     retriever.vocab_dict = {} if empty is None else {"": empty}
-    if tokenizer.stemmer is not None:
-        empty = tokenizer.word_to_id.get("")
-        tokenizer.word_to_id = {} if empty is None else {"": empty}
-        tokenizer.word_to_stem = {} if empty is None else {"": ""}
+    drop_word_caches(tokenizer)
     release_freed_memory()
+
+
+def drop_word_caches(tokenizer: Tokenizer) -> None:
+    """Empty a stemming tokenizer's `word_to_id` and `word_to_stem` (keeping the empty word's entry), leaving
+    `stem_to_sid`, the vocabulary itself.
+
+    With a stemmer a word's id is always `stem_to_sid[stem(word)]`, so the two word dicts are caches: they hold
+    every surface form ever seen, two thirds of the vocabulary's memory (wiki-18 has millions of forms). The
+    empty word's entry stays because bm25s gives "" a fresh id when `word_to_id` lacks it. Without a stemmer
+    `word_to_id` is the vocabulary: nothing is dropped."""
+    if tokenizer.stemmer is None:
+        return
+    empty = tokenizer.word_to_id.get("")
+    tokenizer.word_to_id = {} if empty is None else {"": empty}
+    tokenizer.word_to_stem = {} if empty is None else {"": ""}
 
 
 def release_freed_memory() -> None:
@@ -186,6 +198,9 @@ class BM25Backend:
         retriever = bm25s.BM25(k1=params.k1, b=params.b, method=params.method, backend="numba")
         retriever.index((corpus_ids, tokenizer.get_vocab_dict()), show_progress=False)
         retriever.save(str(out_dir / "bm25"))
+        drop_word_caches(
+            tokenizer
+        )  # searching refills them from the stems; the streamed build writes the same
         tokenizer.save_vocab(str(out_dir / "bm25"))
         DocStore.write(out_dir / "docs", docs)
 

@@ -25,13 +25,13 @@ import bm25s
 import numpy as np
 from bm25s import scoring
 
-from searchrl.search.bm25 import BM25Params, index_text, make_tokenizer
+from searchrl.search.bm25 import BM25Params, drop_word_caches, index_text, make_tokenizer
 from searchrl.search.chunks import BuildState
 from searchrl.search.corpus import Document
 
 VOCAB_NAME = "vocab.tokenizer.json"  # what `BM25Backend.load` reads, beside bm25s' own files
 _NONOCCURRENCE_METHODS = ("bm25l", "bm25+")
-_VOCAB_DICTS = ("word_to_stem", "stem_to_sid", "word_to_id")  # what bm25s' Tokenizer.save_vocab writes
+IDF_BLOCK = 1 << 16  # terms whose idf is computed per Python list (a list of every term id: 36 B a term)
 
 
 def _vocab_name(index: int) -> str:
@@ -49,14 +49,18 @@ class BM25ChunkIndexer:
         self.params = params
         self.memory_mb = memory_mb
         self.tokenizer = make_tokenizer(params)
+        # The vocabulary proper: stems -> ids with a stemmer, words -> ids without. With a stemmer the word dicts
+        # are caches (`drop_word_caches`), emptied after every chunk: only stems grow with the corpus.
+        self.vocab_name = "stem_to_sid" if self.tokenizer.stemmer is not None else "word_to_id"
+        vocab = getattr(self.tokenizer, self.vocab_name)
         for i in range(len(state.chunks)):  # a resumed build: the vocabulary as it stood after the last chunk
-            added = json.loads((state.directory / _vocab_name(i)).read_text())
-            for name in _VOCAB_DICTS:
-                getattr(self.tokenizer, name).update(added[name])
+            vocab.update(json.loads((state.directory / _vocab_name(i)).read_text())[self.vocab_name])
+        if "" in vocab and self.vocab_name == "stem_to_sid":  # the cache entries a finished chunk leaves
+            self.tokenizer.word_to_id[""], self.tokenizer.word_to_stem[""] = vocab[""], ""
 
     def add_chunk(self, index: int, start: int, docs: list[Document]) -> None:
         """Tokenise chunk `index` (documents `start`..) and write its postings, sorted by (term, document)."""
-        sizes_before = {name: len(getattr(self.tokenizer, name)) for name in _VOCAB_DICTS}
+        size_before = len(getattr(self.tokenizer, self.vocab_name))
         ids = self.tokenizer.tokenize(
             [index_text(d) for d in docs], update_vocab=True, return_as="ids", show_progress=False
         )
@@ -69,15 +73,14 @@ class BM25ChunkIndexer:
         np.save(path(index, "docs.npy"), ((keys & 0xFFFFFFFF) + start).astype(np.int32))
         np.save(path(index, "tf.npy"), tf.astype(np.int32))
         np.save(path(index, "lengths.npy"), lengths.astype(np.int32))
-        self._save_vocab_added(index, sizes_before)
+        self._save_vocab_added(index, size_before)
+        drop_word_caches(self.tokenizer)
 
-    def _save_vocab_added(self, index: int, sizes_before: dict[str, int]) -> None:
-        """Write the vocabulary entries chunk `index` added (the tokenizer's dicts only grow, in insertion order),
-        so a resumed build replays them in order: O(new words) per chunk, not the whole vocabulary each time."""
-        added = {
-            name: dict(itertools.islice(getattr(self.tokenizer, name).items(), sizes_before[name], None))
-            for name in _VOCAB_DICTS
-        }
+    def _save_vocab_added(self, index: int, size_before: int) -> None:
+        """Write the vocabulary entries chunk `index` added (the vocabulary only grows, in insertion order), so a
+        resumed build replays them in order: O(new terms) per chunk, not the whole vocabulary each time."""
+        vocab = getattr(self.tokenizer, self.vocab_name)
+        added = {self.vocab_name: dict(itertools.islice(vocab.items(), size_before, None))}
         (self.state.directory / _vocab_name(index)).write_text(json.dumps(added, ensure_ascii=False))
 
     def finish(self, out_dir: str | os.PathLike) -> None:
@@ -90,8 +93,9 @@ class BM25ChunkIndexer:
         avg_len = np.float64(total_len) / n_docs  # what numpy's mean of the lengths gives, exactly
         idf_fn = scoring._select_idf_scorer(self.params.method)
         idf = np.zeros(n_vocab, dtype=np.float32)
-        for term in np.flatnonzero(df).tolist():
-            idf[term] = idf_fn(int(df[term]), N=n_docs)
+        for block in range(0, n_vocab, IDF_BLOCK):  # bm25s' own scalar function, term by term
+            for term in (block + np.flatnonzero(df[block : block + IDF_BLOCK])).tolist():
+                idf[term] = idf_fn(int(df[term]), N=n_docs)
         nonoccurrence = None
         if self.params.method in _NONOCCURRENCE_METHODS:
             nonoccurrence = scoring._build_nonoccurrence_array(
