@@ -71,8 +71,22 @@ def real_text(realqa: Path) -> tuple[list[tuple[str, str]], list[str]]:
     return list(dict.fromkeys(paragraphs)), questions
 
 
-def generate_corpus(path: Path, n: int, realqa: Path, seed: int = 0) -> list[str]:
-    """Write `n` passages to `path` (JSONL, streamed); returns the queries (the real questions)."""
+def fresh_word(i: int) -> str:
+    """The `i`-th made-up word of `--new-words`: letters only (BM25's tokenizer keeps it whole), distinct for
+    every i, never a real or Zipf-tail word (those have no "qx" prefix)."""
+    letters = []
+    while True:
+        i, r = divmod(i, 26)
+        letters.append(chr(97 + r))
+        if i == 0:
+            return "qx" + "".join(letters)
+
+
+def generate_corpus(path: Path, n: int, realqa: Path, seed: int = 0, new_words: int = 0) -> list[str]:
+    """Write `n` passages to `path` (JSONL, streamed); returns the queries (the real questions).
+
+    `new_words` adds that many never-seen words to every passage, so that the vocabulary reaches wiki-18's
+    millions of terms at a size this machine can build (the generator's own vocabulary saturates at ~410k)."""
     rng = np.random.default_rng(seed)
     paragraphs, questions = real_text(realqa)
     words = [re.findall(r"[\w'-]+", text) for _, text in paragraphs]
@@ -98,6 +112,8 @@ def generate_corpus(path: Path, n: int, realqa: Path, seed: int = 0) -> list[str
                 half = int(lengths[i]) // 2
                 picked = [*own[rng.integers(0, len(own), size=half)], *background[pos : pos + half]]
                 pos += half
+                first = (start + i) * new_words
+                picked += [fresh_word(j) for j in range(first, first + new_words)]
                 title = paragraphs[topics[i]][0]
                 row = {"id": f"p{start + i}", "title": title, "contents": " ".join(picked)}
                 lines.append(json.dumps(row, ensure_ascii=False))
@@ -362,9 +378,33 @@ def _get(d: dict, dotted: str):
     return d
 
 
-def fit(paths: list[Path]) -> dict:
-    runs = [json.loads(p.read_text()) for p in paths]
+PER_TERM_KEYS = {
+    "bm25.build_peak_anon_mb": "BM25 build peak anonymous RSS",
+    "bm25.serve.rss_anon_mb": "serving worker private RSS",
+}
+
+
+def per_term(runs: list[dict]) -> dict:
+    """Bytes per vocabulary term: the slope of each figure against `vocab_terms` over runs of one size that
+    differ only in `--new-words` (the passages, hence everything else, stay the same)."""
     out = {}
+    for size in sorted({r["size"] for r in runs}):
+        same = [r for r in runs if r["size"] == size and _get(r, "bm25.vocab_terms")]
+        if len({_get(r, "bm25.vocab_terms") for r in same}) < 2:
+            continue
+        for key, label in PER_TERM_KEYS.items():
+            pts = [(_get(r, "bm25.vocab_terms"), _get(r, key)) for r in same if _get(r, key)]
+            if len(pts) >= 2:
+                slope, _ = np.polyfit([p[0] for p in pts], [p[1] * 2**20 for p in pts], 1)
+                out[f"{label} at {size} passages (B per term)"] = round(float(slope), 1)
+    return out
+
+
+def fit(paths: list[Path]) -> dict:
+    every = [json.loads(p.read_text()) for p in paths]
+    # Growth with the corpus from the runs of the generator's own text; `--new-words` runs give bytes per term.
+    runs = [r for r in every if not r.get("new_words_per_passage")]
+    out: dict = {"per_term": per_term(every)}
     for key, label in FIT_KEYS.items():
         pts = [(r["size"], _get(r, key)) for r in runs if _get(r, key)]
         if len(pts) < 2:
@@ -390,6 +430,12 @@ def main() -> None:
     ap.add_argument("--recall-sample", type=int, default=0, help="passages embedded for real for recall@3")
     ap.add_argument("--rounds", type=int, default=3, help="timing rounds (per-batch best is kept)")
     ap.add_argument(
+        "--new-words",
+        type=int,
+        default=0,
+        help="never-seen words added to every passage: a vocabulary of millions of terms (BM25's per-term cost)",
+    )
+    ap.add_argument(
         "--realqa", type=Path, default=REALQA, help="the SQuAD / HotpotQA slices seeding the text"
     )
     ap.add_argument("--tmp", type=Path, default=None, help="scratch folder (default: a temporary one)")
@@ -406,11 +452,12 @@ def main() -> None:
         "size": a.size,
         "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cpu",
         "load_avg_1m_start": round(os.getloadavg()[0], 2),
+        "new_words_per_passage": a.new_words,
     }
     with tempfile.TemporaryDirectory(dir=a.tmp) as tmp:
         tmp = Path(tmp)
         t = time.perf_counter()
-        queries = generate_corpus(tmp / "corpus.jsonl", a.size, a.realqa)
+        queries = generate_corpus(tmp / "corpus.jsonl", a.size, a.realqa, new_words=a.new_words)
         out["corpus_gen_s"] = round(time.perf_counter() - t, 1)
         out["corpus_mb"] = round((tmp / "corpus.jsonl").stat().st_size / 2**20, 1)
         out["bm25"] = bench_bm25(tmp / "corpus.jsonl", tmp / "index", queries, a)

@@ -174,6 +174,21 @@ def test_duplicate_ids_in_different_chunks_are_refused(tmp_path: Path) -> None:
         build_index(write_jsonl(tmp_path / "e.jsonl", []), tmp_path / "e")
 
 
+def test_ids_whose_hashes_collide_are_told_apart_by_the_ids(tmp_path: Path, monkeypatch) -> None:
+    import searchrl.search.chunks as chunks
+
+    monkeypatch.setattr(chunks, "_id_hash", len)  # "d1".."d9" share a hash, "d10".."d99" another, ...
+    rows = make_rows(500)
+    build_index(
+        write_jsonl(tmp_path / "c.jsonl", rows), tmp_path / "i", stream=StreamSettings(chunk_docs=100)
+    )
+    rows[420]["id"] = rows[37]["id"]
+    with pytest.raises(CorpusError, match=r"duplicate document id 'd37' \(rows 38 and 421\)"):
+        build_index(
+            write_jsonl(tmp_path / "d.jsonl", rows), tmp_path / "j", stream=StreamSettings(chunk_docs=100)
+        )
+
+
 def test_a_build_that_dies_mid_way_resumes_to_the_same_index(
     corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
