@@ -139,6 +139,23 @@ def test_a_loaded_index_keeps_one_vocabulary_and_the_same_token_ids(corpus: Path
     assert raw.unique_token_ids_set == set(backend._retriever.unique_token_ids_set)
 
 
+@pytest.mark.parametrize(
+    ("vocab", "expected"),
+    [
+        ({}, range(0)),
+        ({"": 0, "run": 2, "shoe": 1}, range(3)),
+        ({"a": 0, "b": 2}, {0, 2}),  # a gap: not 0..n-1
+        ({"a": 1, "b": 1}, {1}),  # a repeated id
+        ({"a": -1, "b": 0}, {-1, 0}),
+    ],
+)
+def test_known_token_ids_is_a_range_only_for_the_ids_0_to_n(vocab: dict, expected) -> None:
+    from searchrl.search.bm25 import known_token_ids
+
+    got = known_token_ids(vocab)
+    assert type(got) is type(expected) and got == expected
+
+
 def test_chunk_size_and_file_format_do_not_change_the_index(corpus: Path, tmp_path: Path) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq

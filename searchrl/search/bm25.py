@@ -111,21 +111,30 @@ def index_text(doc: Document) -> str:
 
 
 def slim_query_vocab(retriever: bm25s.BM25, tokenizer: Tokenizer) -> None:
-    """Drop the vocabulary copies that searching never reads, keeping every query's token ids the same.
+    """Keep one copy of the vocabulary, the tokenizer's, with every query's token ids the same.
 
-    A loaded index holds its vocabulary four times over as Python dicts and a set, ~650 bytes per term in every
-    server worker (wiki-18 has millions of terms): bm25s' `vocab_dict` (term -> id, read only for string
-    queries; we pass ids) and `unique_token_ids_set` (the ids 0..n-1: a `range` answers `in` the same), and the
-    tokenizer's `word_to_id` and `word_to_stem` caches. With a stemmer, a word's id is always
-    `stem_to_sid[stem(word)]`, so the caches refill with the words queries use and the ids do not change. The
-    empty word's id is kept where it is read ("no token at all")."""
-    ids = retriever.unique_token_ids_set
-    if len(ids) == len(retriever.vocab_dict) and ids == set(range(len(ids))):
-        retriever.unique_token_ids_set = range(len(ids))
-    empty = retriever.vocab_dict.get("")
+    bm25s would hold it four times over as Python dicts and a set, ~650 bytes per term in every server worker
+    (wiki-18 has millions of terms): its `vocab_dict` (term -> id, read only for string queries; we pass ids;
+    `BM25Backend.load` does not even read it) and `unique_token_ids_set` (the ids 0..n-1: a `range` answers `in`
+    the same), and the tokenizer's `word_to_id` and `word_to_stem` caches (`drop_word_caches`). The empty
+    word's id is kept where it is read ("no token at all")."""
+    vocab = tokenizer.get_vocab_dict()  # what bm25s' vocab.index.json holds: both are written from it
+    retriever.unique_token_ids_set = known_token_ids(vocab)
+    empty = vocab.get("")
     retriever.vocab_dict = {} if empty is None else {"": empty}
     drop_word_caches(tokenizer)
     release_freed_memory()
+
+
+def known_token_ids(vocab: dict[str, int]) -> range | set[int]:
+    """The ids of `vocab` as bm25s' `unique_token_ids_set`: a `range` when they are 0..n-1 (every index bm25s'
+    tokenizer builds: it numbers terms as it meets them), else the set. Checked with an array of 8 bytes a term,
+    not a set of Python ints (~70 bytes a term)."""
+    ids = np.fromiter(vocab.values(), dtype=np.int64, count=len(vocab))
+    n = len(ids)
+    if n == 0 or (ids.min() >= 0 and ids.max() < n and np.bincount(ids, minlength=n).min() == 1):
+        return range(n)
+    return set(ids.tolist())
 
 
 def drop_word_caches(tokenizer: Tokenizer) -> None:
@@ -209,7 +218,9 @@ class BM25Backend:
         cls, index_dir: str | os.PathLike, params: BM25Params, fingerprint: str, mmap: bool = True
     ) -> BM25Backend:
         index_dir = Path(index_dir)
-        retriever = bm25s.BM25.load(str(index_dir / "bm25"), mmap=mmap, load_vocab=True)
+        # bm25s' own vocabulary copy (vocab.index.json) is not read: the tokenizer's is the same mapping, and at
+        # wiki-18's millions of terms a second dict would double the worker's peak while it loads.
+        retriever = bm25s.BM25.load(str(index_dir / "bm25"), mmap=mmap, load_vocab=False)
         # Saved params record the backend used to build; retrieval must use the numba scorer.
         retriever.backend = "numba"
         tokenizer = make_tokenizer(params)
