@@ -315,7 +315,7 @@ def bench_recall(corpus: Path, queries: list[str], n: int) -> dict:
 
     from searchrl.search.corpus import document_from_row
     from searchrl.search.dense import DenseParams, encode, load_encoder, passage_text
-    from searchrl.search.faiss_build import auto_nlist, new_index, recall_at_k
+    from searchrl.search.faiss_build import auto_nlist, new_index, recall_at_k, rerank_exact
 
     params = DenseParams()
     with open(corpus) as f:
@@ -340,7 +340,8 @@ def bench_recall(corpus: Path, queries: list[str], n: int) -> dict:
     sample = vecs[
         np.sort(np.random.default_rng(0).choice(n, size=min(n, max(64 * nlist, 10_000)), replace=False))
     ]
-    for kind, pq_m in (("ivf_flat", 0), ("ivf_pq", dim // 4), ("ivf_pq", dim // 2)):
+    stored = vecs.astype(np.float16)  # what `--rerank` re-scores from
+    for kind, pq_m in (("ivf_flat", 0), ("ivf_pq", dim // 8), ("ivf_pq", dim // 4), ("ivf_pq", dim // 2)):
         index = new_index(dim, kind, nlist=nlist, pq_m=pq_m)
         index.train(sample)
         index.add(vecs)
@@ -348,6 +349,11 @@ def bench_recall(corpus: Path, queries: list[str], n: int) -> dict:
         for nprobe in (8, 32, 128):
             index.nprobe = nprobe
             out[f"{name}_nprobe{nprobe}"] = round(recall_at_k(exact, index.search(qv, K)[1], K), 4)
+        if kind == "ivf_pq":
+            index.nprobe = 32
+            for depth in (16, 32, 64):
+                _, ids = rerank_exact(stored, qv, index.search(qv, depth)[1], K)
+                out[f"{name}_nprobe32_rerank{depth}"] = round(recall_at_k(exact, ids, K), 4)
     return out
 
 

@@ -3,6 +3,7 @@ survive chunking, and IVF-flat / IVF-PQ build, search and filter before the top-
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -27,7 +28,7 @@ from searchrl.search.chunks import BUILD_DIR, PROGRESS_FILE
 from searchrl.search.corpus import CorpusError, DocStore, Document, corpus_hash, load_corpus
 from searchrl.search.dense import DenseBackend
 from searchrl.search.faiss_build import auto_nlist, auto_pq_m, new_index, recall_at_k
-from searchrl.search.index import build_index, compute_fingerprint, read_meta
+from searchrl.search.index import build_index, compute_fingerprint, load_index, read_meta
 
 ROOT = Path(__file__).resolve().parents[1]
 BM25_FILES = ("data.csc.index.npy", "indices.csc.index.npy", "indptr.csc.index.npy")
@@ -369,6 +370,92 @@ def test_ivf_dense_index_builds_streams_and_searches(tmp_path: Path, kind: str) 
     got = [[h.doc_id for h in hits] for hits in approx.search(queries, 3)]
     recall = np.mean([len(set(e) & set(g)) / 3 for e, g in zip(exact, got, strict=True)])
     assert recall >= (0.999 if kind == "ivf_flat" else 0.6), recall  # every list probed
+
+
+@functools.cache
+def coarse_pq_over_40_passages() -> tuple[list[str], np.ndarray, Any]:
+    texts = [f"passage {i}" for i in range(40)]
+    vecs = RandomEncoder().encode(texts)
+    return texts, vecs, ivf("ivf_pq", vecs, 1)  # 4 codes of 4 bits: a coarse ranking on its own
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    acls=st.lists(ACLS, min_size=40, max_size=40),
+    principal=st.sampled_from([None, "a", "b"]),
+    k=st.integers(1, 8),
+    nprobe=st.sampled_from([1, 8]),
+)
+def test_rerank_gives_the_exact_best_k_readable_among_the_candidates(
+    acls: list[Any], principal: str | None, k: int, nprobe: int
+) -> None:
+    from searchrl.search.dense import DenseParams
+
+    encoder = RandomEncoder()
+    texts, vecs, index = coarse_pq_over_40_passages()
+    index.nprobe = nprobe
+    acl_tuples = [None if a is None else tuple(a) for a in acls]
+    readable = np.array([a is None or (principal is not None and principal in a) for a in acl_tuples])
+    with tempfile.TemporaryDirectory() as d:
+        DocStore.write(Path(d), [Document(f"d{i}", "", t) for i, t in enumerate(texts)])
+        backend = DenseBackend(
+            index,
+            encoder,
+            DocStore(Path(d)),
+            "x",
+            params=DenseParams(index_type="ivf_pq", nprobe=nprobe, rerank=40),  # every document a candidate
+            acl=AccessControl.from_acls(acl_tuples),
+            rerank_vectors=vecs.astype(np.float16),
+        )
+        hits = search_as(backend, ["the query"], k, None if principal is None else [principal])[0]
+    assert {h.doc_id for h in hits} <= {f"d{i}" for i in np.flatnonzero(readable)}
+    assert len(hits) == min(k, int(readable.sum()))
+    if nprobe == index.nlist:  # every list probed, every readable document re-scored: exact
+        sims = (encoder.encode(["the query"]) @ vecs.astype(np.float16).astype(np.float32).T)[0]
+        expected = sorted(sims[readable].tolist(), reverse=True)[:k]
+        assert [h.score for h in hits] == pytest.approx(expected, abs=1e-5)
+
+
+def test_a_streamed_ivf_pq_index_with_rerank_keeps_its_vectors_and_finds_flat_answers(tmp_path: Path) -> None:
+    from searchrl.data.synthetic import generate, preset_config
+    from searchrl.search.dense import VECTORS_FILE, DenseConfigError
+
+    task = generate(preset_config("tiny", seed=0))
+    corpus = write_jsonl(tmp_path / "c.jsonl", task.corpus)
+    flat = build_index(corpus, tmp_path / "flat", backend="dense")
+    common = {
+        "backend": "dense",
+        "index_type": "ivf_pq",
+        "ivf_nlist": 4,
+        "nprobe": 4,
+        "pq_m": 8,
+        "pq_nbits": 4,
+    }
+    stream = StreamSettings(chunk_docs=max(50, len(task.corpus) // 3))
+    coarse = build_index(corpus, tmp_path / "pq", stream=stream, **common)
+    # Every document a candidate (nprobe = nlist, rerank >= the corpus): re-scoring gives flat's answers exactly.
+    fine = build_index(corpus, tmp_path / "rr", stream=stream, rerank=len(task.corpus), **common)
+    vectors = np.load(tmp_path / "rr" / VECTORS_FILE, mmap_mode="r")
+    assert vectors.dtype == np.float16 and vectors.shape[0] == len(task.corpus)
+    assert not (tmp_path / "pq" / VECTORS_FILE).exists()
+    assert read_meta(tmp_path / "rr")["params"]["rerank"] == len(task.corpus)
+    queries = [row["question"] for row in task.splits["dev"][:30]]
+
+    def recall(backend: Any) -> float:
+        exact = [[h.doc_id for h in hits] for hits in flat.search(queries, 3)]
+        got = [[h.doc_id for h in hits] for hits in backend.search(queries, 3)]
+        return float(np.mean([len(set(e) & set(g)) / 3 for e, g in zip(exact, got, strict=True)]))
+
+    assert recall(fine) >= 0.99 and recall(coarse) < 0.9, (recall(fine), recall(coarse))
+    (tmp_path / "rr" / VECTORS_FILE).unlink()
+    with pytest.raises(DenseConfigError, match="vectors.f16.npy is missing"):
+        load_index(tmp_path / "rr")
+    with pytest.raises(DenseConfigError, match="applies to index_type 'ivf_pq'"):
+        build_index(corpus, tmp_path / "x", backend="dense", rerank=8)
+    with pytest.raises(DenseConfigError, match="comes without them"):
+        build_index(
+            corpus, tmp_path / "y", rerank=8, faiss_index=str(tmp_path / "pq" / "dense.faiss"), **common
+        )
 
 
 class CountingEncoder(RandomEncoder):

@@ -100,14 +100,17 @@ class DenseChunkEncoder:
 
         from searchrl.search.dense import (
             FAISS_FILE,
+            VECTORS_FILE,
             describe_faiss,
             link_faiss_index,
             new_faiss_index,
+            refuse_rerank_without_vectors,
             train_size,
         )
-        from searchrl.search.faiss_build import fill_index
+        from searchrl.search.faiss_build import fill_index, write_vectors
 
         if self.faiss_index:
+            refuse_rerank_without_vectors(self.params)
             return link_faiss_index(
                 self.faiss_index, out_dir, self.state.docs_done, self.encoder, self.params
             )
@@ -116,6 +119,8 @@ class DenseChunkEncoder:
         index = new_faiss_index(dim, self.params, self.state.docs_done)
         fill_index(index, files, train_size(self.params, index))
         faiss.write_index(index, str(out_dir / FAISS_FILE))
+        if self.params.rerank:
+            write_vectors(files, out_dir / VECTORS_FILE)
         return describe_faiss(index)
 
 

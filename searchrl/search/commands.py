@@ -104,6 +104,13 @@ def index_command(
     nprobe: int = typer.Option(
         32, "--nprobe", min=1, help="Dense ivf_*: lists searched per query (higher: better recall, slower)."
     ),
+    rerank: int = typer.Option(
+        0,
+        "--rerank",
+        min=0,
+        help="Dense ivf_pq: re-score this many PQ candidates per query exactly, from the passage vectors kept "
+        "beside the index (float16, read by mmap; 0: off). 16-32 gives flat's recall@3 (docs/search.md).",
+    ),
     train_size: int = typer.Option(
         0,
         "--train-size",
@@ -159,6 +166,7 @@ def index_command(
             "pq_nbits": pq_nbits,
             "nprobe": nprobe,
             "train_size": train_size,
+            "rerank": rerank,
             "faiss_index": str(faiss_index) if faiss_index else None,
             "batch_size": batch_size,
         }

@@ -53,7 +53,7 @@ import numpy as np
 from searchrl.search.acl import AccessControl, check_principals, group_by_principal
 from searchrl.search.base import Hit
 from searchrl.search.corpus import DocStore, Document, docs_memory_limit, join_search_r1_contents
-from searchrl.search.faiss_build import auto_nlist, new_index, search_readable_ivf
+from searchrl.search.faiss_build import auto_nlist, new_index, rerank_exact, search_readable_ivf
 
 MODEL_ENV_VAR = "SEARCHRL_DENSE_MODEL"
 DEVICE_ENV_VAR = "SEARCHRL_DENSE_DEVICE"
@@ -62,6 +62,7 @@ POOLINGS: tuple[str, ...] = ("mean", "cls")
 PASSAGE_FORMATS: tuple[str, ...] = ("title_text", "contents")
 INDEX_TYPES: tuple[str, ...] = ("flat", "hnsw", "ivf_flat", "ivf_pq")
 FAISS_FILE = "dense.faiss"
+VECTORS_FILE = "vectors.f16.npy"  # the passage vectors `rerank` re-scores from (float16, opened by mmap)
 
 
 class DenseConfigError(ValueError):
@@ -87,6 +88,7 @@ class DenseParams:
     pq_nbits: int = 8
     nprobe: int = 32
     train_size: int = 0
+    rerank: int = 0
 
     def __post_init__(self) -> None:
         for name, value, choices in (
@@ -114,6 +116,11 @@ class DenseParams:
             raise DenseConfigError(
                 f"ivf_nlist={self.ivf_nlist}, pq_m={self.pq_m} and train_size={self.train_size} must be >= 0 (0: "
                 f"chosen from the corpus) and nprobe={self.nprobe} >= 1"
+            )
+        if self.rerank < 0 or (self.rerank and self.index_type != "ivf_pq"):
+            raise DenseConfigError(
+                f"rerank={self.rerank}: re-scoring candidates from the stored vectors applies to index_type "
+                f"'ivf_pq' (the others score exactly or nearly so; got {self.index_type!r}), and must be >= 0"
             )
         if self.pq_nbits not in (4, 6, 8, 10, 12):
             raise DenseConfigError(
@@ -326,6 +333,30 @@ def link_faiss_index(
     return {**info, "linked_from": str(path), "size_bytes": path.stat().st_size}
 
 
+def refuse_rerank_without_vectors(params: DenseParams) -> None:
+    if params.rerank:
+        raise DenseConfigError(
+            f"rerank={params.rerank} re-scores candidates from the passage vectors, and a linked --faiss-index "
+            "comes without them: encode the corpus (leave out --faiss-index) or set rerank to 0"
+        )
+
+
+def open_rerank_vectors(index_dir: Path, index, mmap: bool) -> np.ndarray:
+    """The stored passage vectors (`VECTORS_FILE`), mmap'd: one row per indexed passage, the index's width."""
+    path = index_dir / VECTORS_FILE
+    if not path.is_file():
+        raise DenseConfigError(
+            f"{index_dir}: rerank is set but {VECTORS_FILE} is missing; rebuild the index with the same settings"
+        )
+    vectors = np.load(path, mmap_mode="r" if mmap else None)
+    if vectors.shape != (index.ntotal, index.d):
+        raise DenseConfigError(
+            f"{path}: holds {vectors.shape[0]} vectors of {vectors.shape[1]} dimensions, the index "
+            f"{index.ntotal} of {index.d}; rebuild the index"
+        )
+    return vectors
+
+
 def describe_faiss(index) -> dict[str, Any]:
     """What a faiss index is: its class, dimension, size and metric (inner product or L2)."""
     import faiss
@@ -351,8 +382,10 @@ class DenseBackend:
         params: DenseParams | None = None,
         acl: AccessControl | None = None,
         query_cache_size: int = 4096,
+        rerank_vectors: np.ndarray | None = None,
     ):
         self._index = index
+        self._rerank_vectors = rerank_vectors
         self._encoder = encoder
         self._docs = docs
         self._fingerprint = fingerprint
@@ -394,6 +427,7 @@ class DenseBackend:
         out_dir.mkdir(parents=True, exist_ok=True)
         encoder = open_encoder(model_path, params)
         if faiss_index is not None:
+            refuse_rerank_without_vectors(params)
             info = link_faiss_index(faiss_index, out_dir, len(docs), encoder, params)
         else:
             vecs = encode(
@@ -410,6 +444,8 @@ class DenseBackend:
                 )
             index.add(vecs)
             faiss.write_index(index, str(out_dir / FAISS_FILE))
+            if params.rerank:
+                np.save(out_dir / VECTORS_FILE, vecs.astype(np.float16))
             info = describe_faiss(index)
         DocStore.write(out_dir / "docs", docs)
         return info
@@ -433,7 +469,8 @@ class DenseBackend:
         encoder = open_encoder(model_path, params)
         docs = DocStore(index_dir / "docs", memory_limit_bytes=docs_memory_limit())
         acl = AccessControl.load(index_dir, len(docs))
-        return cls(index, encoder, docs, fingerprint, params=params, acl=acl)
+        vectors = open_rerank_vectors(index_dir, index, mmap) if params.rerank else None
+        return cls(index, encoder, docs, fingerprint, params=params, acl=acl, rerank_vectors=vectors)
 
     def encode_queries(self, queries: list[str]) -> np.ndarray:
         """The query vectors this backend searches with (prefix applied): each distinct query not in the
@@ -469,7 +506,7 @@ class DenseBackend:
             return []
         vecs = self.encode_queries(queries)
         if self.acl is None and hasattr(self._index, "nlist"):
-            return self._hits(*search_readable_ivf(self._index, vecs, k, None, int(self._index.nprobe)))
+            return self._hits(*self._search_ivf(vecs, k, None))
         if self.acl is None:
             return self._hits(*self._index.search(vecs, min(k, self._index.ntotal)))
         out: list[list[Hit]] = [[] for _ in queries]
@@ -477,7 +514,7 @@ class DenseBackend:
             mask = self.acl.readable(principal)
             rows = vecs[positions]
             if hasattr(self._index, "nlist"):
-                found = self._hits(*search_readable_ivf(self._index, rows, k, mask, int(self._index.nprobe)))
+                found = self._hits(*self._search_ivf(rows, k, mask))
             elif mask is None:
                 found = self._hits(*self._index.search(rows, min(k, self._index.ntotal)))
             else:
@@ -485,6 +522,14 @@ class DenseBackend:
             for position, hits in zip(positions, found, strict=True):
                 out[position] = hits
         return out
+
+    def _search_ivf(self, vecs: np.ndarray, k: int, mask: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+        """IVF search over the readable documents; with `rerank`, that many candidates re-scored exactly."""
+        depth = max(k, self.params.rerank)
+        scores, ids = search_readable_ivf(self._index, vecs, depth, mask, int(self._index.nprobe))
+        if self._rerank_vectors is None:
+            return scores, ids
+        return rerank_exact(self._rerank_vectors, vecs, ids, k)
 
     def _search_readable(self, vecs: np.ndarray, k: int, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Exact inner-product search over the documents `mask` marks readable (scores, positions)."""

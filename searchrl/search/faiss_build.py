@@ -19,6 +19,7 @@ whenever k readable documents exist; with every list probed the answer is exact 
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -96,6 +97,20 @@ def fill_index(
     return index
 
 
+def write_vectors(chunk_files: Sequence[Path], path: Path) -> None:
+    """The chunks' vectors, in order, as one float16 .npy (what `rerank` re-scores from), a chunk at a time."""
+    shapes = [np.load(f, mmap_mode="r").shape for f in chunk_files]
+    total, dim = sum(s[0] for s in shapes), shapes[0][1]
+    out = np.lib.format.open_memmap(path.with_suffix(".part"), "w+", np.float16, (total, dim))
+    pos = 0
+    for f, (n, _) in zip(chunk_files, shapes, strict=True):
+        out[pos : pos + n] = np.load(f, mmap_mode="r")
+        pos += n
+    out.flush()
+    del out
+    os.replace(path.with_suffix(".part"), path)
+
+
 def search_readable_ivf(
     index, vecs: np.ndarray, k: int, mask: np.ndarray | None, nprobe: int
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -123,6 +138,26 @@ def search_readable_ivf(
         scores[short], ids[short] = s2, i2
         short = short[(i2 < 0).any(axis=1)]
     return scores, ids
+
+
+def rerank_exact(
+    vectors: np.ndarray, queries: np.ndarray, ids: np.ndarray, k: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """The best `k` of each row's candidate `ids` (-1: none) by exact inner product with their stored `vectors`
+    (any float dtype, an mmap'd file's rows are read once each, in file order); (scores, ids), -1 padded.
+
+    PQ codes rank coarsely (recall@3 of a 96-byte code against flat: 0.80 on 20,000 MiniLM passages); the exact
+    top k almost always sits among a few dozen PQ candidates, so re-scoring them restores it (0.999 with 16)."""
+    valid = ids >= 0
+    rows = np.where(valid, ids, 0)
+    needed = np.unique(rows)
+    table = np.asarray(vectors[needed], dtype=np.float32)
+    scores = np.einsum("qcd,qd->qc", table[np.searchsorted(needed, rows)], queries.astype(np.float32))
+    scores[~valid] = -np.inf
+    best = np.argsort(-scores, axis=1, kind="stable")[:, :k]
+    top_scores, top_ids = np.take_along_axis(scores, best, 1), np.take_along_axis(ids, best, 1)
+    top_ids[~np.isfinite(top_scores)] = -1
+    return top_scores.astype(np.float32), top_ids
 
 
 def recall_at_k(exact_ids: np.ndarray, approx_ids: np.ndarray, k: int) -> float:

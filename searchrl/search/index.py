@@ -91,7 +91,7 @@ def build_index(
     batch_size, faiss_index (an existing faiss file to link instead of encoding the corpus), and the
     `DenseParams` fields (encoder "sentence-transformers" or "e5" with its presets, query_prefix,
     passage_prefix, pooling, normalize, max_length, passage_format, index_type "flat", "hnsw", "ivf_flat" or
-    "ivf_pq", hnsw_m, hnsw_ef_search, ivf_nlist, pq_m, pq_nbits, nprobe, train_size).
+    "ivf_pq", hnsw_m, hnsw_ef_search, ivf_nlist, pq_m, pq_nbits, nprobe, train_size, rerank).
 
     The corpus is read and indexed chunk by chunk (`stream`: memory budget, chunk size, progress bar;
     `searchrl.search.build`). An `out_dir` holding an unfinished build of the same corpus and settings is resumed
