@@ -1,7 +1,7 @@
 """BM25 built chunk by chunk: the same index files `BM25Backend.build` writes, in bounded memory, resumable.
 
 What: `BM25ChunkIndexer.add_chunk` tokenises one chunk of documents with bm25s' tokenizer (its vocabulary carried
-over from chunk to chunk; the words each chunk added are saved beside it) and writes the chunk's (term, document,
+over from chunk to chunk, stems only; the terms each chunk added are saved beside it) and writes the chunk's (term, document,
 term frequency) triples sorted by term; `BM25ChunkIndexer.finish` then reads the document frequencies and lengths of all chunks, computes
 the scores with bm25s' own idf and term-frequency functions, and writes bm25s' CSC matrix (`data`, `indices`,
 `indptr`), vocabulary and parameters a range of terms at a time, so `bm25s.BM25.load(mmap=True)` opens it.
