@@ -3,6 +3,7 @@ survive chunking, and IVF-flat / IVF-PQ build, search and filter before the top-
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -11,6 +12,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -290,6 +292,31 @@ def ivf(kind: str, vecs: np.ndarray, nprobe: int):
     return index
 
 
+def acl_tuples_and_readable(acls: list[Any], principal: str | None) -> tuple[list[Any], np.ndarray]:
+    """The ACLs as the index keeps them, and which documents `principal` may read (no ACL: public)."""
+    acl_tuples = [None if a is None else tuple(a) for a in acls]
+    readable = np.array([a is None or (principal is not None and principal in a) for a in acl_tuples])
+    return acl_tuples, readable
+
+
+@contextlib.contextmanager
+def acl_dense_backend(
+    index: Any, encoder: Any, texts: list[str], acl_tuples: list[Any], params: Any, rerank_vectors: Any = None
+) -> Iterator[DenseBackend]:
+    """A dense backend over `index` whose documents d0, d1, ... hold `texts` under `acl_tuples`."""
+    with tempfile.TemporaryDirectory() as d:
+        DocStore.write(Path(d), [Document(f"d{i}", "", t) for i, t in enumerate(texts)])
+        yield DenseBackend(
+            index,
+            encoder,
+            DocStore(Path(d)),
+            "x",
+            params=params,
+            acl=AccessControl.from_acls(acl_tuples),
+            rerank_vectors=rerank_vectors,
+        )
+
+
 ACLS = st.one_of(st.none(), st.just([]), st.lists(st.sampled_from(["a", "b", "c"]), min_size=1, max_size=3))
 
 
@@ -308,20 +335,12 @@ def test_ivf_filtered_topk_is_the_best_k_readable(
     texts = [f"passage {i}" for i in range(len(acls))]
     vecs = encoder.encode(texts)
     index = ivf(kind, vecs, nprobe)
-    acl_tuples = [None if a is None else tuple(a) for a in acls]
-    readable = np.array([a is None or (principal is not None and principal in a) for a in acl_tuples])
-    with tempfile.TemporaryDirectory() as d:
-        DocStore.write(Path(d), [Document(f"d{i}", "", t) for i, t in enumerate(texts)])
-        from searchrl.search.dense import DenseParams
+    acl_tuples, readable = acl_tuples_and_readable(acls, principal)
+    from searchrl.search.dense import DenseParams
 
-        backend = DenseBackend(
-            index,
-            encoder,
-            DocStore(Path(d)),
-            "x",
-            params=DenseParams(index_type=kind, nprobe=nprobe),
-            acl=AccessControl.from_acls(acl_tuples),
-        )
+    with acl_dense_backend(
+        index, encoder, texts, acl_tuples, DenseParams(index_type=kind, nprobe=nprobe)
+    ) as backend:
         principals = None if principal is None else [principal]
         hits = search_as(backend, ["the query"], k, principals)[0]
         index.nprobe = index.nlist  # every list probed: exact over the index' own codes
@@ -394,19 +413,9 @@ def test_rerank_gives_the_exact_best_k_readable_among_the_candidates(
     encoder = RandomEncoder()
     texts, vecs, index = coarse_pq_over_40_passages()
     index.nprobe = nprobe
-    acl_tuples = [None if a is None else tuple(a) for a in acls]
-    readable = np.array([a is None or (principal is not None and principal in a) for a in acl_tuples])
-    with tempfile.TemporaryDirectory() as d:
-        DocStore.write(Path(d), [Document(f"d{i}", "", t) for i, t in enumerate(texts)])
-        backend = DenseBackend(
-            index,
-            encoder,
-            DocStore(Path(d)),
-            "x",
-            params=DenseParams(index_type="ivf_pq", nprobe=nprobe, rerank=40),  # every document a candidate
-            acl=AccessControl.from_acls(acl_tuples),
-            rerank_vectors=vecs.astype(np.float16),
-        )
+    acl_tuples, readable = acl_tuples_and_readable(acls, principal)
+    params = DenseParams(index_type="ivf_pq", nprobe=nprobe, rerank=40)  # every document a candidate
+    with acl_dense_backend(index, encoder, texts, acl_tuples, params, vecs.astype(np.float16)) as backend:
         hits = search_as(backend, ["the query"], k, None if principal is None else [principal])[0]
     assert {h.doc_id for h in hits} <= {f"d{i}" for i in np.flatnonzero(readable)}
     assert len(hits) == min(k, int(readable.sum()))
