@@ -21,6 +21,7 @@ import json
 import random
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -57,17 +58,24 @@ def toy_tokenizer():
     return train_tokenizer(texts, vocab_size=400)
 
 
-def example(tok, rng: random.Random) -> tuple[list[int], list[int]]:
-    """A result line with an id, filler, the call's start; labels on the id's digits."""
+def example(
+    tok, rng: random.Random, prefix_words: int = 0, distractors: bool = False
+) -> tuple[list[int], list[int]]:
+    """A result line with an id, filler, the call's start; labels on the id's digits. `prefix_words` words
+    before the result (a real episode's prompt and first call stand there); `distractors`: a date and a street
+    number in the filler, other digits to tell apart as in a real result."""
     oid = "".join(rng.choice("0123456789") for _ in range(5))
     filler = " ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 30)))
-    context = tok.encode(f"[1] Order o-{oid}\n{filler}\n{CALL}")
+    if distractors:
+        filler = f"ordered on {rng.randint(1, 28)} April, {rng.randint(1, 99)} Leri Lane. {filler}"
+    prefix = "".join(f"{rng.choice(WORDS)} " for _ in range(prefix_words))
+    context = tok.encode(f"{prefix}[1] Order o-{oid}\n{filler}\n{CALL}")
     digits = tok.encode(oid)
     return context + digits, [-100] * len(context) + digits
 
 
-def batch(tok, rng: random.Random, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    examples = [example(tok, rng) for _ in range(n)]
+def batch(tok, rng: random.Random, n: int, **shape: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    examples = [example(tok, rng, **shape) for _ in range(n)]
     width = max(len(ids) for ids, _ in examples)
     ids = torch.full((n, width), tok.pad_token_id)
     labels = torch.full((n, width), -100)
@@ -92,15 +100,15 @@ def held_out_scores(model, test) -> dict[str, float]:
     }
 
 
-def run(lr: float, steps: int, every: int, seed: int) -> list[dict[str, float]]:
+def run(lr: float, steps: int, every: int, seed: int, **shape: Any) -> list[dict[str, float]]:
     torch.manual_seed(seed)
     tok = toy_tokenizer()
     model = build_policy(tok, TinyModelConfig(seed=seed))
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
-    rng, test = random.Random(seed), batch(tok, random.Random(10_000 + seed), 200)
+    rng, test = random.Random(seed), batch(tok, random.Random(10_000 + seed), 200, **shape)
     history, start = [], time.time()
     for step in range(1, steps + 1):
-        ids, labels, attention = batch(tok, rng, 64)
+        ids, labels, attention = batch(tok, rng, 64, **shape)
         loss = model(input_ids=ids, attention_mask=attention, labels=labels).loss
         optimizer.zero_grad()
         loss.backward()
@@ -124,10 +132,15 @@ def main() -> None:
     )
     parser.add_argument("--seed", type=int, default=0, help="Seed of the model and the data.")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads.")
+    parser.add_argument("--prefix-words", type=int, default=0, help="Words before the result line.")
+    parser.add_argument(
+        "--distractors", action="store_true", help="A date and a street number in the result (other digits)."
+    )
     parser.add_argument("--json", type=Path, default=None, help="Write every score here.")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    results = {str(lr): run(lr, args.steps, args.every, args.seed) for lr in args.lrs}
+    shape = {"prefix_words": args.prefix_words, "distractors": args.distractors}
+    results = {str(lr): run(lr, args.steps, args.every, args.seed, **shape) for lr in args.lrs}
     final = {lr: rows[-1]["exact"] for lr, rows in results.items()}
     print(json.dumps({"final_exact": final}))
     if args.json:
