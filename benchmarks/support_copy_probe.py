@@ -1,0 +1,220 @@
+"""When does the support demo's tiny policy learn to read an order id out of a search result? (issue 26)
+
+The support demo's stages 1-4 (store, index, tokenizer, untrained policy, expert demonstrations) for one seed,
+then one copy objective trained from scratch on the demonstrations at a constant learning rate, probed every
+`--every` steps on held-out customers:
+
+- `id_exact` / `id_digit_accuracy`: teacher-forced on the expert's `where` demonstrations of the dev and test
+  customers (every one looking its order up), the share of `get_order` calls whose five id digits are all the
+  policy's greedy choice / the share of digits (chance 0.10). The id stands only in the search result before it.
+- `span_exact`: held-out generic span copies (`searchrl.sft.examples.span_copy_example`, window 512).
+
+Objectives (`--objective`):
+- `span`: the shipped span-copy phase (`copy_pretraining_dataset`, window 512);
+- `digits`: half of the spans start two tokens before a digit run and cover it;
+- `task`: half of the examples are a train `where` demonstration (lazy or not) up to its search result, then the
+  get_order call with the id that result shows, labelled on the id's digits only (not on the decision to call);
+  the other half generic spans.
+
+Measured on seed 0 (1 thread, issue 26's closing note): at lr 3e-3 (the warm start's rate) the id stays at chance
+under all three (550 / 400 / 450 steps); `task` at 1e-3 crosses from 0.34 digit accuracy at step 300 to 0.99
+exact at 350 and 1.00 at 400-450; `span` at 1e-3: still chance at 350.
+
+    python benchmarks/support_copy_probe.py --objective task --lr 1e-3 --steps 450 --out /tmp/probe
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import random
+import re
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from datasets import Dataset
+from transformers import TrainerCallback
+
+from searchrl.demo.stages import StageRunner
+from searchrl.demo.support import prepare_support_world
+from searchrl.demo.support_config import SupportDemoConfig
+from searchrl.sft.examples import (
+    IGNORE_INDEX,
+    SPAN_CUE,
+    action_turns,
+    copy_pretraining_dataset,
+    span_copy_example,
+)
+from searchrl.sft.support_expert import SupportExpert
+from searchrl.sft.warm_start import make_sft_trainer
+
+ID_IN_RESULT = re.compile(r"Order o-(\d+)")
+
+
+def digit_ids(tok) -> set[int]:
+    return {tok.convert_tokens_to_ids(d) for d in "0123456789"}
+
+
+def id_cases(
+    world, cfg: SupportDemoConfig, digits: set[int]
+) -> tuple[list[tuple[list[int], list[int]]], list]:
+    """(ids, positions of the id digits in the get_order call) of dev+test `where` demonstrations, and the
+    demonstrations."""
+    expert = SupportExpert(
+        dataclasses.replace(cfg.expert, seed=cfg.seed, skip_lookup=0.0, follow_injection=0.0)
+    )
+    rows = [r for s in ("dev", "test") for r in world.rows(s) if r["type"] == "where"]
+    cases, demos = [], expert.demonstrate(world.tokenizer, [world.env_factory() for _ in rows], rows)
+    for traj in demos:
+        ids, turns = [int(i) for i in traj.input_ids], action_turns(traj.action_mask)
+        if len(turns) >= 2:
+            positions = [p for p in range(*turns[1]) if ids[p] in digits]
+            if positions:
+                cases.append((ids, positions))
+    return cases, demos
+
+
+def span_examples(
+    trajectories, digits: set[int], num: int, seed: int, window: int, digit_share: float
+) -> list:
+    """Span copies; `digit_share` of them start SPAN_CUE tokens before a digit run and cover it."""
+    rng, examples = random.Random(seed), []
+    for _ in range(num):
+        ids = [int(i) for i in rng.choice(trajectories).input_ids][-window:]
+        starts = [p for p in range(SPAN_CUE, len(ids)) if ids[p] in digits and ids[p - 1] not in digits]
+        if rng.random() >= digit_share or not starts:
+            examples.append(span_copy_example(ids, rng, window))
+            continue
+        at = rng.choice(starts)
+        end = at
+        while end < len(ids) and ids[end] in digits:
+            end += 1
+        span = ids[at - SPAN_CUE : end + rng.randint(0, 3)]
+        examples.append(
+            {"input_ids": ids + span, "labels": [IGNORE_INDEX] * (len(ids) + SPAN_CUE) + span[SPAN_CUE:]}
+        )
+    return examples
+
+
+def task_examples(trajectories, tok, digits: set[int], num: int, seed: int, window: int) -> list:
+    """Half: a train `where` demonstration up to its search result + the get_order call with the id it shows,
+    labels on the digits only; half: generic spans."""
+    template = next(
+        [int(i) for i in t.input_ids[slice(*action_turns(t.action_mask)[1])]]
+        for t in trajectories
+        if t.metadata.get("expert_kind") == "expert"
+        and len(action_turns(t.action_mask)) >= 3
+        and "get_order" in tok.decode(t.input_ids[slice(*action_turns(t.action_mask)[1])])
+    )
+    slots = [i for i, x in enumerate(template) if x in digits]
+    bases = []
+    for t in trajectories:
+        turns = action_turns(t.action_mask)
+        if len(turns) < 2 or t.metadata.get("hops") != 2:
+            continue
+        context = [int(i) for i in t.input_ids[: turns[1][0]]]
+        found = ID_IN_RESULT.search(tok.decode(context[turns[0][1] :]))
+        if found and len(found.group(1)) == len(slots):
+            bases.append((context, [tok.convert_tokens_to_ids(c) for c in found.group(1)]))
+    rng, examples = random.Random(seed), []
+    for _ in range(num):
+        if rng.random() < 0.5:
+            examples.append(span_copy_example(rng.choice(trajectories).input_ids, rng, window))
+            continue
+        context, oid = rng.choice(bases)
+        call = list(template)
+        labels = [IGNORE_INDEX] * (len(context) + len(call))
+        for slot, digit in zip(slots, oid, strict=True):
+            call[slot] = labels[len(context) + slot] = digit
+        examples.append({"input_ids": context + call, "labels": labels})
+    return examples
+
+
+@torch.no_grad()
+def scores(model, cases, spans) -> dict[str, float]:
+    exact = right = total = 0
+    for ids, positions in cases:
+        predicted = model(input_ids=torch.tensor([ids])).logits[0].argmax(-1)
+        ok = [int(predicted[p - 1]) == ids[p] for p in positions]
+        exact, right, total = exact + all(ok), right + sum(ok), total + len(ok)
+    span_right = 0
+    for ex in spans:
+        predicted = model(input_ids=torch.tensor([ex["input_ids"]])).logits[0].argmax(-1)
+        labels = ex["labels"]
+        span_right += all(
+            int(predicted[p - 1]) == labels[p] for p in range(1, len(labels)) if labels[p] != IGNORE_INDEX
+        )
+    return {
+        "id_exact": exact / len(cases),
+        "id_digit_accuracy": right / total,
+        "span_exact": span_right / len(spans),
+    }
+
+
+class ProbeEvery(TrainerCallback):
+    def __init__(self, every: int, measure) -> None:
+        self.every, self.measure, self.rows, self.start = every, measure, [], time.time()
+
+    def on_step_end(self, args: Any, state: Any, control: Any, model: Any = None, **kw: Any) -> None:
+        if state.global_step % self.every == 0:
+            model.eval()
+            row = {
+                "step": state.global_step,
+                **self.measure(model),
+                "seconds": round(time.time() - self.start),
+            }
+            model.train()
+            self.rows.append(row)
+            print(json.dumps(row), flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--objective", choices=["span", "digits", "task"], default="task", help="Copy objective."
+    )
+    parser.add_argument("--lr", type=float, default=1e-3, help="Constant learning rate (after 2%% warm-up).")
+    parser.add_argument("--steps", type=int, default=450, help="Optimizer steps (batch 64).")
+    parser.add_argument("--every", type=int, default=50, help="Steps between two probes.")
+    parser.add_argument("--seed", type=int, default=0, help="Seed of the store, the model and the examples.")
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads.")
+    parser.add_argument("--out", type=Path, required=True, help="Directory for the store, index and demos.")
+    parser.add_argument("--json", type=Path, default=None, help="Write the probes here.")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    cfg = SupportDemoConfig(
+        seed=args.seed, out_dir=str(args.out), num_threads=args.threads, progress_bar=False
+    )
+    world = prepare_support_world(cfg, args.out, StageRunner(False))
+    tok, digits, window, num = world.tokenizer, digit_ids(world.tokenizer), 512, args.steps * 64
+    cases, held_out_demos = id_cases(world, cfg, digits)
+    rng = random.Random(123)
+    held_out = [span_copy_example(t.input_ids, rng, window) for t in held_out_demos for _ in range(2)]
+    if args.objective == "span":
+        data = copy_pretraining_dataset(world.demos, num, args.seed, window)
+    elif args.objective == "digits":
+        data = Dataset.from_list(span_examples(world.demos, digits, num, args.seed, window, 0.5))
+    else:
+        data = Dataset.from_list(task_examples(world.demos, tok, digits, num, args.seed, window))
+    sft = dataclasses.replace(
+        cfg.sft, seed=args.seed, learning_rate=args.lr, max_steps=args.steps, per_device_train_batch_size=64,
+        gradient_accumulation_steps=1, lr_scheduler_type="constant_with_warmup", copy_gate=0.0, logging_steps=10,
+    )  # fmt: skip
+    probe = ProbeEvery(args.every, lambda model: scores(model, cases, held_out))
+    with tempfile.TemporaryDirectory() as scratch:
+        make_sft_trainer(world.policy, tok, data, sft, scratch, [probe]).train()
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(
+            json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "probes": probe.rows})
+        )
+
+
+if __name__ == "__main__":
+    main()
