@@ -30,7 +30,8 @@ from searchrl.ppo.trainer import PPOTrainer, collate_trajectories
 from searchrl.rewards.combine import default_rubric
 from searchrl.rollout.generator import ScriptedPolicy
 from searchrl.sft.expert import ExpertConfig, ExpertPolicy
-from searchrl.sft.warm_start import SFTWarmStartConfig, prompt_texts, run_sft
+from searchrl.sft.pipeline import prompt_texts
+from searchrl.sft.warm_start import SFTWarmStartConfig, run_sft
 
 
 @pytest.fixture(scope="module")

@@ -38,7 +38,7 @@ from searchrl.rewards.reward_model import (
     train_reward_model,
 )
 from searchrl.sft.expert import ExpertConfig, ExpertPolicy
-from searchrl.sft.warm_start import prompt_texts
+from searchrl.sft.pipeline import prompt_texts
 
 SCORER = TINY_ONE_LAYER
 

@@ -14,7 +14,8 @@ from searchrl.grpo.config import GRPORunConfig
 from searchrl.ppo.config import PPOConfig
 from searchrl.rewards.reward_model import RewardModelConfig
 from searchrl.sections import EnvironmentSection, GenerationSection
-from searchrl.sft.warm_start import SFTRunConfig, SFTWarmStartConfig
+from searchrl.sft.pipeline import SFTRunConfig
+from searchrl.sft.warm_start import SFTWarmStartConfig
 
 # A value for every episode setting, none of them the default.
 EPISODE = {

@@ -16,7 +16,7 @@ from searchrl.data.synthetic import generate, preset_config
 from searchrl.env.config import EnvConfig
 from searchrl.models.io import load_policy, load_tokenizer, load_value_model
 from searchrl.search.index import build_index
-from searchrl.sft.warm_start import SFTRunConfig
+from searchrl.sft.pipeline import SFTRunConfig
 
 runner = CliRunner()
 

@@ -23,7 +23,7 @@ from searchrl.rewards.qa import exact_match, normalize_answer
 from searchrl.rollout.chat import ToolGlue, render_conversation
 from searchrl.sft.examples import IGNORE_INDEX, sft_example
 from searchrl.sft.expert import NOISE_KINDS, ExpertConfig, ExpertPolicy, read_fact_object
-from searchrl.sft.warm_start import prompt_texts
+from searchrl.sft.pipeline import prompt_texts
 
 MODEL = TINY_ONE_LAYER
 

@@ -32,11 +32,10 @@ from searchrl.sft.examples import (
     span_copy_example,
 )
 from searchrl.sft.expert import ExpertConfig, ExpertPolicy
+from searchrl.sft.pipeline import dev_tool_call_rate, prompt_texts
 from searchrl.sft.warm_start import (
     SFTWarmStartConfig,
-    dev_tool_call_rate,
     make_sft_trainer,
-    prompt_texts,
     run_sft,
     sft_total_steps,
     warm_start,

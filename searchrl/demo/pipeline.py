@@ -80,7 +80,8 @@ from searchrl.search.faults import FindsNothing
 from searchrl.search.index import build_index
 from searchrl.sft.copy_check import answer_copy_rate, warn_if_not_copying
 from searchrl.sft.expert import ExpertPolicy
-from searchrl.sft.warm_start import prompt_texts, run_sft, sft_total_steps
+from searchrl.sft.pipeline import prompt_texts
+from searchrl.sft.warm_start import run_sft, sft_total_steps
 
 
 @dataclass

@@ -68,8 +68,9 @@ from searchrl.run.manifest import build_manifest
 from searchrl.run.writer import write_evaluation
 from searchrl.search.index import build_index
 from searchrl.sft.copy_check import turn_copy_rates
+from searchrl.sft.pipeline import prompt_texts
 from searchrl.sft.support_expert import SupportExpert
-from searchrl.sft.warm_start import prompt_texts, run_sft, sft_total_steps
+from searchrl.sft.warm_start import run_sft, sft_total_steps
 
 EVAL_SPLITS = ("dev", "test")
 

@@ -3,7 +3,7 @@
 `expert` runs an expert policy through the real environment and rollout engine (forced turns, with a
 noise knob for imperfect demonstrations); `warm_start` trains a policy on those trajectories with TRL's
 SFTTrainer, loss on the policy's own tokens only (the examples: `examples`), and `copy_check` says whether
-it learned to copy answers; `commands` is the `searchrl sft` CLI.
+it learned to copy answers; `pipeline` is the whole warm start `commands` (the `searchrl sft` CLI) runs.
 
 Names are imported lazily, so that importing `searchrl.sft.commands` (the CLI) loads no torch. The
 function `warm_start` is imported from `searchrl.sft.warm_start` (the package attribute of that name is
@@ -19,14 +19,12 @@ _EXPORTS = {
     **dict.fromkeys(
         (
             "SFTOutcome",
-            "SFTRunConfig",
             "SFTWarmStartConfig",
-            "dev_tool_call_rate",
-            "prompt_texts",
             "run_sft",
         ),
         "searchrl.sft.warm_start",
     ),
+    **dict.fromkeys(("SFTRunConfig", "dev_tool_call_rate", "prompt_texts"), "searchrl.sft.pipeline"),
     **dict.fromkeys(("IGNORE_INDEX", "sft_dataset", "sft_example"), "searchrl.sft.examples"),
     **dict.fromkeys(("answer_copy_rate",), "searchrl.sft.copy_check"),
 }

@@ -71,7 +71,7 @@ def _sft_command(
 ) -> None:
     """Warm-start a policy: the expert solves training questions in the real environment, then SFT on them."""
     # torch, transformers, trl and datasets: loaded when a command runs, not for --help.
-    from searchrl.sft.warm_start import SFTRunConfig, run_warm_start_pipeline
+    from searchrl.sft.pipeline import SFTRunConfig, run_warm_start_pipeline
 
     overrides: dict[str, Any] = {}
     if noise is not None:
