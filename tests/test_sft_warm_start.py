@@ -15,6 +15,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from transformers import TrainerCallback
 from worlds import TINY_WIDE
 
 from searchrl.common.config import ConfigError
@@ -148,6 +149,8 @@ def test_inconsistent_trajectory_is_refused():
         ({"copy_pretrain_steps": -1}, "copy_pretrain_steps"),
         ({"copy_pretrain_batch_size": 0}, "copy_pretrain_batch_size"),
         ({"copy_pretrain_window": 3}, "copy_pretrain_window"),
+        ({"copy_pretrain_learning_rate": -1e-3}, "copy_pretrain_learning_rate"),
+        ({"copy_pretrain_task_share": 1.5}, "copy_pretrain_task_share"),
     ],
 )
 def test_bad_sft_config_is_refused(kwargs, needle):
@@ -251,6 +254,46 @@ def test_copy_pretraining_data_is_drawn_from_the_demonstrations_by_seed(setup):
         assert any(
             s[i : i + len(context)] == context for s in streams for i in range(len(s) - len(context) + 1)
         )
+
+
+def test_task_copy_examples_take_their_share_of_the_span_copy_data(setup):
+    demos = setup["demos"][:8]
+    task = [{"input_ids": [7, 8, 9, 7, 8, 9], "labels": [IGNORE_INDEX] * 5 + [9]}]
+    spans = copy_pretraining_dataset(demos, 40, seed=3)
+    assert copy_pretraining_dataset(demos, 40, seed=3, task_examples=task)["input_ids"] == spans["input_ids"]
+    assert copy_pretraining_dataset(demos, 40, 3, 128, task, 1.0)["input_ids"] == [task[0]["input_ids"]] * 40
+    mixed = copy_pretraining_dataset(demos, 400, 3, 128, task, 0.5)["input_ids"]
+    assert 150 <= mixed.count(task[0]["input_ids"]) <= 250
+    with pytest.raises(ValueError, match="task_examples"):
+        copy_pretraining_dataset(demos, 4, 3, 128, (), 0.5)
+
+
+def test_the_span_copy_phase_trains_at_its_own_rate_and_asks_for_the_task_s_examples(setup):
+    rates: list[tuple[int, float]] = []
+
+    class Rates(TrainerCallback):
+        phase = 0
+
+        def on_train_begin(self, args, state, control, **kw):
+            Rates.phase += 1
+
+        def on_log(self, args, state, control, logs=None, **kw):
+            if logs and "learning_rate" in logs:
+                rates.append((Rates.phase, logs["learning_rate"]))
+
+    config = SFTWarmStartConfig(
+        learning_rate=3e-3, max_steps=2, per_device_train_batch_size=2, warmup_ratio=0.0,
+        lr_scheduler_type="constant", copy_pretrain_steps=2, copy_pretrain_batch_size=2, copy_pretrain_window=32,
+        copy_pretrain_learning_rate=1e-3, copy_pretrain_task_share=0.5, logging_steps=1,
+    )  # fmt: skip
+    with pytest.raises(ValueError, match="copy_examples"):
+        run_sft(build_policy(setup["tok"], MODEL), setup["tok"], setup["demos"][:4], config)
+    task = [
+        {"input_ids": [int(i) for i in setup["demos"][0].input_ids[:40]], "labels": [IGNORE_INDEX] * 39 + [5]}
+    ]
+    run_sft(build_policy(setup["tok"], MODEL), setup["tok"], setup["demos"][:4], config, [Rates()], task)
+    assert {round(r, 6) for p, r in rates if p == 1} == {1e-3}
+    assert {round(r, 6) for p, r in rates if p == 2} == {3e-3}
 
 
 def test_span_copying_comes_before_the_curriculum_and_counts_in_the_total(setup):

@@ -69,7 +69,7 @@ from searchrl.run.writer import write_evaluation
 from searchrl.search.index import build_index
 from searchrl.sft.copy_check import turn_copy_rates
 from searchrl.sft.pipeline import prompt_texts
-from searchrl.sft.support_expert import SupportExpert
+from searchrl.sft.support_expert import SupportExpert, reading_examples
 from searchrl.sft.warm_start import run_sft, sft_total_steps
 
 EVAL_SPLITS = ("dev", "test")
@@ -192,10 +192,12 @@ def run_support_demo(cfg: SupportDemoConfig) -> dict[str, Any]:
         )
 
     sft_cfg = dataclasses.replace(cfg.sft, seed=cfg.seed, output_dir=str(out / "sft" / "trainer"))
+    # The task's own copy examples for the span-copy phase (an order id out of a search result), when asked for.
+    reading = reading_examples(world.tokenizer, world.demos) if sft_cfg.copy_pretrain_task_share > 0 else []
     sft = runner.run_with_progress(
         "sft",
         lambda progress: run_sft(
-            world.policy, world.tokenizer, world.demos, sft_cfg, [progress.trainer_callback()]
+            world.policy, world.tokenizer, world.demos, sft_cfg, [progress.trainer_callback()], reading
         ),
         total=sft_total_steps(sft_cfg, len(world.demos)),
     )

@@ -118,16 +118,28 @@ def span_copy_example(
 
 
 def copy_pretraining_dataset(
-    trajectories: Sequence[Trajectory], num_examples: int, seed: int = 0, window: int = 128
+    trajectories: Sequence[Trajectory],
+    num_examples: int,
+    seed: int = 0,
+    window: int = 128,
+    task_examples: Sequence[dict[str, list[int]]] = (),
+    task_share: float = 0.0,
 ) -> Dataset:
     """`num_examples` span-copy examples over windows of the trajectories' tokens (prompts, actions and
-    observations alike), drawn with `seed`."""
+    observations alike), drawn with `seed`; each is, with probability `task_share`, one of `task_examples`
+    instead (the task's own copies, e.g. an order id read out of a search result into a call)."""
     usable = [t for t in trajectories if len(t.input_ids) >= MIN_SPAN]
     if not usable:
         raise ValueError(
             f"copy pretraining needs trajectories of at least {MIN_SPAN} tokens; generate demonstrations first"
         )
+    if task_share > 0 and not task_examples:
+        raise ValueError(f"task_share={task_share} needs task_examples to draw from")
     rng = random.Random(seed)
-    return Dataset.from_list(
-        [span_copy_example(rng.choice(usable).input_ids, rng, window) for _ in range(num_examples)]
-    )
+    examples = []
+    for _ in range(num_examples):
+        if task_share > 0 and rng.random() < task_share:
+            examples.append(dict(rng.choice(task_examples)))
+        else:
+            examples.append(span_copy_example(rng.choice(usable).input_ids, rng, window))
+    return Dataset.from_list(examples)

@@ -41,11 +41,14 @@ from searchrl.common.trajectory import Trajectory
 from searchrl.data import support_text as text
 from searchrl.env.protocol import format_answer, format_tool_call
 from searchrl.rollout.generator import GenerationConfig, HFGenerator
+from searchrl.sft.examples import IGNORE_INDEX, action_turns
 from searchrl.sft.forcing import PlannedTurnForcing
 
 _BOUGHT_ON = re.compile(r"bought on (\d+ [A-Z][a-z]+)")
 _DOC_ITEM = re.compile(r"\n(.+?), ordered on ")
 _DOC_STATUS = re.compile(r"Status: ([^.]+)\.")
+# An order document's title line in a search result ("[1] Order o-83609"): not an id a page's text names.
+_RESULT_ORDER = re.compile(r"^\[\d+\] Order (o-\d+)$", re.MULTILINE)
 
 
 @dataclass
@@ -206,3 +209,35 @@ class SupportExpert:
             traj.metadata["read_from"] = plan.read_from
             traj.metadata["hops"] = plan.row.get("hops")
         return batch.trajectories
+
+
+def reading_examples(
+    tokenizer: PreTrainedTokenizerBase, demonstrations: Sequence[Trajectory]
+) -> list[dict[str, list[int]]]:
+    """Copy examples for the warm start's span-copy phase (`run_sft(copy_examples=...)`): per `where`
+    demonstration, lazy or not, its tokens up to the turn after the search result, then the get_order call with
+    the id of the first order document that result shows, labels on the id's digits only.
+
+    Why: reading an order id out of a search result is the copy the tiny policy does not learn from generic spans
+    (docs/support.md), and the lazy expert (`skip_lookup`) shows it in only a third of the `where`
+    demonstrations. Labels on the id alone teach the copy without the decision to call get_order, which stays
+    for PPO. The call is encoded as the expert's own (`SupportForcing`): the same text, its closing EOS.
+    """
+    examples = []
+    for traj in demonstrations:
+        turns = action_turns(traj.action_mask)
+        first = traj.tool_calls[0] if traj.tool_calls else None
+        if traj.metadata.get("hops") != 2 or len(turns) < 2 or first is None or first.name != "search":
+            continue
+        found = _RESULT_ORDER.search(traj.observations[0]) if traj.observations else None
+        if found is None:
+            continue
+        call = [int(i) for i in tokenizer.encode(_get_order(found.group(1)), add_special_tokens=False)]
+        call.append(int(tokenizer.eos_token_id))
+        context = [int(i) for i in traj.input_ids[: turns[1][0]]]
+        # The call's JSON holds no digit but the id's, one token each (the pre-tokenizer splits digits).
+        labels = [IGNORE_INDEX] * len(context) + [
+            token if tokenizer.decode([token]).isdigit() else IGNORE_INDEX for token in call
+        ]
+        examples.append({"input_ids": context + call, "labels": labels})
+    return examples

@@ -98,6 +98,21 @@ class SFTWarmStartConfig(ScheduleSection):
     copy_pretrain_window: int = field(
         default=128, metadata=help_text("Tokens of a demonstration each span-copy example copies from.")
     )
+    copy_pretrain_learning_rate: float = field(
+        default=0.0,
+        metadata=help_text(
+            "Learning rate of the span-copy phase; 0 keeps learning_rate. The support demo's tiny policy learns "
+            "to copy an order id at 1e-3 and never at 3e-3 (docs/support.md)."
+        ),
+    )
+    copy_pretrain_task_share: float = field(
+        default=0.0,
+        metadata=help_text(
+            "Share of the span-copy phase's examples drawn from the copy examples the task gives run_sft "
+            "(`copy_examples`: the support demo's are its expert's reading examples, an order id out of a "
+            "search result, labels on the id only); 0 = spans only."
+        ),
+    )
     first_turn_steps: int = field(
         default=0,
         metadata=help_text(
@@ -172,6 +187,11 @@ class SFTWarmStartConfig(ScheduleSection):
             raise ConfigError(
                 "copy_pretrain_steps must be >= 0, copy_pretrain_batch_size >= 1 and copy_pretrain_window >= "
                 f"{MIN_SPAN}"
+            )
+        if self.copy_pretrain_learning_rate < 0 or not 0.0 <= self.copy_pretrain_task_share <= 1.0:
+            raise ConfigError(
+                "copy_pretrain_learning_rate must be >= 0 (0: learning_rate) and copy_pretrain_task_share in "
+                f"[0, 1], got {self.copy_pretrain_learning_rate} and {self.copy_pretrain_task_share}"
             )
         if self.first_turn_steps < 0 or self.first_turn_batch_size < 1:
             raise ConfigError("first_turn_steps must be >= 0 and first_turn_batch_size >= 1")
@@ -339,22 +359,32 @@ def run_sft(
     trajectories: Sequence[Trajectory],
     config: SFTWarmStartConfig | None = None,
     callbacks: Sequence[TrainerCallback] = (),
+    copy_examples: Sequence[dict[str, list[int]]] = (),
 ) -> SFTOutcome:
     """Fine-tune `policy` in place on `trajectories` with TRL's SFTTrainer; see the module docstring.
 
     `callbacks` (transformers `TrainerCallback`s) join every phase's trainer; `state.global_step` restarts
-    at 0 in each phase.
+    at 0 in each phase. `copy_examples` (pre-tokenised `input_ids` / `labels`) are the task's own copy examples,
+    `copy_pretrain_task_share` of the span-copy phase.
     """
     config = config or SFTWarmStartConfig()
+    if config.copy_pretrain_steps > 0 and config.copy_pretrain_task_share > 0 and not copy_examples:
+        raise ValueError(
+            f"copy_pretrain_task_share={config.copy_pretrain_task_share} needs the task's copy examples "
+            "(run_sft(copy_examples=...)); give them or set copy_pretrain_task_share: 0"
+        )
     dataset = sft_dataset(trajectories, config.max_length)
     # The curriculum's phases come first: each a few steps at a constant learning rate after warm-up.
     phases = []
     if config.copy_pretrain_steps > 0:  # span copying first: the circuit every later phase reads with
         copying = _curriculum_phase(config, config.copy_pretrain_steps, config.copy_pretrain_batch_size)
-        num = config.copy_pretrain_steps * config.copy_pretrain_batch_size
-        phases.append(
-            (copying, copy_pretraining_dataset(trajectories, num, config.seed, config.copy_pretrain_window))
+        copying = dataclasses.replace(
+            copying, learning_rate=config.copy_pretrain_learning_rate or config.learning_rate
         )
+        num = config.copy_pretrain_steps * config.copy_pretrain_batch_size
+        spans = copy_pretraining_dataset(trajectories, num, config.seed, config.copy_pretrain_window,
+                                         copy_examples, config.copy_pretrain_task_share)  # fmt: skip
+        phases.append((copying, spans))
     if config.first_turn_steps > 0:  # short examples, a big batch: copying the question's name into a query
         first = _curriculum_phase(config, config.first_turn_steps, config.first_turn_batch_size)
         phases.append((first, sft_dataset(trajectories, first_turn_only=True)))
