@@ -104,13 +104,11 @@ class DenseChunkEncoder:
             describe_faiss,
             link_faiss_index,
             new_faiss_index,
-            refuse_rerank_without_vectors,
             train_size,
         )
         from searchrl.search.faiss_build import fill_index, write_vectors
 
         if self.faiss_index:
-            refuse_rerank_without_vectors(self.params)
             return link_faiss_index(
                 self.faiss_index, out_dir, self.state.docs_done, self.encoder, self.params
             )

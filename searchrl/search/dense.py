@@ -308,9 +308,15 @@ def link_faiss_index(
     source: str | os.PathLike, out_dir: Path, n_docs: int, encoder, params: DenseParams
 ) -> dict:
     """Link an existing faiss index file as `out_dir/dense.faiss` after checking it fits the corpus and encoder:
-    one vector per document, the encoder's dimension, inner product."""
+    one vector per document, the encoder's dimension, inner product. A linked index comes without the passage
+    vectors `rerank` re-scores from, so rerank is refused."""
     import faiss
 
+    if params.rerank:
+        raise DenseConfigError(
+            f"rerank={params.rerank} re-scores candidates from the passage vectors, and a linked --faiss-index "
+            "comes without them: encode the corpus (leave out --faiss-index) or set rerank to 0"
+        )
     path = Path(source).resolve()
     if not path.is_file():
         raise DenseConfigError(f"--faiss-index {source}: no such file")
@@ -331,14 +337,6 @@ def link_faiss_index(
         )
     (out_dir / FAISS_FILE).symlink_to(path)
     return {**info, "linked_from": str(path), "size_bytes": path.stat().st_size}
-
-
-def refuse_rerank_without_vectors(params: DenseParams) -> None:
-    if params.rerank:
-        raise DenseConfigError(
-            f"rerank={params.rerank} re-scores candidates from the passage vectors, and a linked --faiss-index "
-            "comes without them: encode the corpus (leave out --faiss-index) or set rerank to 0"
-        )
 
 
 def open_rerank_vectors(index_dir: Path, index, mmap: bool) -> np.ndarray:
@@ -427,7 +425,6 @@ class DenseBackend:
         out_dir.mkdir(parents=True, exist_ok=True)
         encoder = open_encoder(model_path, params)
         if faiss_index is not None:
-            refuse_rerank_without_vectors(params)
             info = link_faiss_index(faiss_index, out_dir, len(docs), encoder, params)
         else:
             vecs = encode(
