@@ -12,13 +12,15 @@ then one copy objective trained from scratch on the demonstrations at a constant
 Objectives (`--objective`):
 - `span`: the shipped span-copy phase (`copy_pretraining_dataset`, window 512);
 - `digits`: half of the spans start two tokens before a digit run and cover it;
-- `task`: half of the examples are a train `where` demonstration (lazy or not) up to its search result, then the
-  get_order call with the id that result shows, labelled on the id's digits only (not on the decision to call);
-  the other half generic spans.
+- `task`: the warm start's `copy_pretrain_task_share: 0.5`: half of the examples are the support expert's
+  `reading_examples` (a train `where` demonstration, lazy or not, up to its search result, then the get_order call
+  with the id that result shows, labelled on the id's digits only, not on the decision to call), the other half
+  generic spans.
 
 Measured on seed 0 (1 thread, issue 26's closing note): at lr 3e-3 (the warm start's rate) the id stays at chance
 under all three (550 / 400 / 450 steps); `task` at 1e-3 crosses from 0.34 digit accuracy at step 300 to 0.99
-exact at 350 and 1.00 at 400-450 (seed 1: still chance at 450); `span` at 1e-3: still chance at 350.
+exact at 350 and 1.00 at 400-450 (seed 1: still chance at 450); `span` at 1e-3: still chance at 350. (`task` was
+measured with the same examples built in the script, drawn in another order, before it used the library's.)
 
     python benchmarks/support_copy_probe.py --objective task --lr 1e-3 --steps 450 --out /tmp/probe
 """
@@ -29,7 +31,6 @@ import argparse
 import dataclasses
 import json
 import random
-import re
 import tempfile
 import time
 from pathlib import Path
@@ -49,10 +50,8 @@ from searchrl.sft.examples import (
     copy_pretraining_dataset,
     span_copy_example,
 )
-from searchrl.sft.support_expert import SupportExpert
+from searchrl.sft.support_expert import SupportExpert, reading_examples
 from searchrl.sft.warm_start import make_sft_trainer
-
-ID_IN_RESULT = re.compile(r"Order o-(\d+)")
 
 
 def digit_ids(tok) -> set[int]:
@@ -97,40 +96,6 @@ def span_examples(
         examples.append(
             {"input_ids": ids + span, "labels": [IGNORE_INDEX] * (len(ids) + SPAN_CUE) + span[SPAN_CUE:]}
         )
-    return examples
-
-
-def task_examples(trajectories, tok, digits: set[int], num: int, seed: int, window: int) -> list:
-    """Half: a train `where` demonstration up to its search result + the get_order call with the id it shows,
-    labels on the digits only; half: generic spans."""
-    template = next(
-        [int(i) for i in t.input_ids[slice(*action_turns(t.action_mask)[1])]]
-        for t in trajectories
-        if t.metadata.get("expert_kind") == "expert"
-        and len(action_turns(t.action_mask)) >= 3
-        and "get_order" in tok.decode(t.input_ids[slice(*action_turns(t.action_mask)[1])])
-    )
-    slots = [i for i, x in enumerate(template) if x in digits]
-    bases = []
-    for t in trajectories:
-        turns = action_turns(t.action_mask)
-        if len(turns) < 2 or t.metadata.get("hops") != 2:
-            continue
-        context = [int(i) for i in t.input_ids[: turns[1][0]]]
-        found = ID_IN_RESULT.search(tok.decode(context[turns[0][1] :]))
-        if found and len(found.group(1)) == len(slots):
-            bases.append((context, [tok.convert_tokens_to_ids(c) for c in found.group(1)]))
-    rng, examples = random.Random(seed), []
-    for _ in range(num):
-        if rng.random() < 0.5:
-            examples.append(span_copy_example(rng.choice(trajectories).input_ids, rng, window))
-            continue
-        context, oid = rng.choice(bases)
-        call = list(template)
-        labels = [IGNORE_INDEX] * (len(context) + len(call))
-        for slot, digit in zip(slots, oid, strict=True):
-            call[slot] = labels[len(context) + slot] = digit
-        examples.append({"input_ids": context + call, "labels": labels})
     return examples
 
 
@@ -201,7 +166,9 @@ def main() -> None:
     elif args.objective == "digits":
         data = Dataset.from_list(span_examples(world.demos, digits, num, args.seed, window, 0.5))
     else:
-        data = Dataset.from_list(task_examples(world.demos, tok, digits, num, args.seed, window))
+        # What the warm start trains with `copy_pretrain_task_share: 0.5` (searchrl.sft.warm_start.run_sft).
+        reading = reading_examples(tok, world.demos)
+        data = copy_pretraining_dataset(world.demos, num, args.seed, window, reading, 0.5)
     sft = dataclasses.replace(
         cfg.sft, seed=args.seed, learning_rate=args.lr, max_steps=args.steps, per_device_train_batch_size=64,
         gradient_accumulation_steps=1, lr_scheduler_type="constant_with_warmup", copy_gate=0.0, logging_steps=10,
