@@ -31,6 +31,7 @@ from searchrl.sft.examples import (
     sft_dataset,
     sft_example,
     span_copy_example,
+    with_copy_examples,
 )
 from searchrl.sft.expert import ExpertConfig, ExpertPolicy
 from searchrl.sft.pipeline import dev_tool_call_rate, prompt_texts
@@ -151,6 +152,8 @@ def test_inconsistent_trajectory_is_refused():
         ({"copy_pretrain_window": 3}, "copy_pretrain_window"),
         ({"copy_pretrain_learning_rate": -1e-3}, "copy_pretrain_learning_rate"),
         ({"copy_pretrain_task_share": 1.5}, "copy_pretrain_task_share"),
+        ({"copy_replay_share": 1.0}, "copy_replay_share"),
+        ({"copy_replay_share": -0.1}, "copy_replay_share"),
     ],
 )
 def test_bad_sft_config_is_refused(kwargs, needle):
@@ -294,6 +297,53 @@ def test_the_span_copy_phase_trains_at_its_own_rate_and_asks_for_the_task_s_exam
     run_sft(build_policy(setup["tok"], MODEL), setup["tok"], setup["demos"][:4], config, [Rates()], task)
     assert {round(r, 6) for p, r in rates if p == 1} == {1e-3}
     assert {round(r, 6) for p, r in rates if p == 2} == {3e-3}
+
+
+def test_replayed_copy_examples_take_their_share_and_leave_the_demonstrations_as_they_were(setup):
+    demos = sft_dataset(setup["demos"][:8])
+    task = [
+        {"input_ids": [7, 8, 9, 7, 8, 9], "labels": [IGNORE_INDEX] * 5 + [9]},
+        {"input_ids": [5, 6], "labels": [-100, 6]},
+    ]
+    assert with_copy_examples(demos, task, 0.0) is demos
+    mixed = with_copy_examples(demos, task, 0.5, seed=1)
+    assert (
+        len(mixed) == 16
+        and mixed["input_ids"][:8] == demos["input_ids"]
+        and mixed["labels"][:8] == demos["labels"]
+    )
+    assert all(ids in [t["input_ids"] for t in task] for ids in mixed["input_ids"][8:])
+    assert len(set(map(tuple, mixed["input_ids"][8:]))) == 2  # drawn from every example, not one
+    assert mixed["input_ids"] == with_copy_examples(demos, task, 0.5, seed=1)["input_ids"]
+    assert len(with_copy_examples(demos, task, 0.2)) == 10
+    with pytest.raises(ValueError, match="copy examples"):
+        with_copy_examples(demos, (), 0.2)
+    with pytest.raises(ValueError, match=r"\[0, 1\)"):
+        with_copy_examples(demos, task, 1.0)
+
+
+def test_every_later_phase_replays_the_task_s_copies_and_the_total_counts_them(setup):
+    seen: list[int] = []
+
+    class Sizes(TrainerCallback):
+        def on_train_begin(self, args, state, control, train_dataloader=None, **kw):
+            seen.append(len(train_dataloader.dataset))
+
+    config = SFTWarmStartConfig(
+        max_steps=0, num_train_epochs=1, per_device_train_batch_size=4, first_turn_steps=1, first_turn_batch_size=4,
+        copy_replay_share=0.5, logging_steps=1,
+    )  # fmt: skip  (max_steps 0: the epochs decide)
+    with pytest.raises(ValueError, match="copy_replay_share"):
+        run_sft(build_policy(setup["tok"], MODEL), setup["tok"], setup["demos"][:4], config)
+    task = [
+        {"input_ids": [int(i) for i in setup["demos"][0].input_ids[:40]], "labels": [IGNORE_INDEX] * 39 + [5]}
+    ]
+    outcome = run_sft(
+        build_policy(setup["tok"], MODEL), setup["tok"], setup["demos"][:4], config, [Sizes()], task
+    )
+    assert seen == [8, 8]  # first-turn and whole-demonstration phases: 4 demonstrations + 4 copies each
+    assert outcome.num_examples == 8
+    assert len(outcome.losses) == sft_total_steps(config, 4) == 1 + 2  # 8 examples, batch 4
 
 
 def test_span_copying_comes_before_the_curriculum_and_counts_in_the_total(setup):

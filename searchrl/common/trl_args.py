@@ -86,7 +86,8 @@ class ScheduleSection(Section):
         return {
             "learning_rate": self.learning_rate,
             "num_train_epochs": self.num_train_epochs,
-            "max_steps": self.max_steps,
+            # transformers reads max_steps 0 as "stop after the first step", not as "use the epochs"
+            "max_steps": self.max_steps if self.max_steps > 0 else -1,
             "per_device_train_batch_size": self.per_device_train_batch_size,
             "gradient_accumulation_steps": self.gradient_accumulation_steps,
             "warmup_steps": self.warmup_ratio,  # a float in [0, 1) is a share of the steps (transformers 5)

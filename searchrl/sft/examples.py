@@ -14,7 +14,7 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
-from datasets import Dataset
+from datasets import Dataset, concatenate_datasets
 
 from searchrl.common.trajectory import Trajectory
 
@@ -143,3 +143,26 @@ def copy_pretraining_dataset(
         else:
             examples.append(span_copy_example(rng.choice(usable).input_ids, rng, window))
     return Dataset.from_list(examples)
+
+
+def with_copy_examples(
+    dataset: Dataset, copy_examples: Sequence[dict[str, list[int]]], share: float, seed: int = 0
+) -> Dataset:
+    """`dataset` with the task's copy examples added, drawn with `seed`, so that they are `share` of the result:
+    a later phase keeps practising the copy the span-copy phase formed (else it fades under the rest)."""
+    if not 0.0 <= share < 1.0:
+        raise ValueError(f"share must be in [0, 1), got {share}")
+    if share == 0.0:
+        return dataset
+    if not copy_examples:
+        raise ValueError(f"share={share} needs copy examples to draw from")
+    rng = random.Random(seed)
+    added = [
+        dict(rng.choice(copy_examples)) for _ in range(replayed_size(len(dataset), share) - len(dataset))
+    ]
+    return concatenate_datasets([dataset, Dataset.from_list(added, features=dataset.features)])
+
+
+def replayed_size(num_examples: int, share: float) -> int:
+    """How many examples `with_copy_examples` returns for `num_examples` and `share`."""
+    return num_examples + round(share / (1.0 - share) * num_examples)

@@ -56,7 +56,14 @@ from searchrl.common.trajectory import Trajectory
 from searchrl.common.trl_args import ScheduleSection, cpu_safe_trainer_kwargs
 from searchrl.models.forward_patches import remove_trainer_forward_patches
 from searchrl.sft.copy_check import COPY_GATE_TURNS, CopyGate
-from searchrl.sft.examples import IGNORE_INDEX, MIN_SPAN, copy_pretraining_dataset, sft_dataset
+from searchrl.sft.examples import (
+    IGNORE_INDEX,
+    MIN_SPAN,
+    copy_pretraining_dataset,
+    replayed_size,
+    sft_dataset,
+    with_copy_examples,
+)
 
 logger = logging.getLogger("searchrl.sft")
 
@@ -111,6 +118,14 @@ class SFTWarmStartConfig(ScheduleSection):
             "Share of the span-copy phase's examples drawn from the copy examples the task gives run_sft "
             "(`copy_examples`: the support demo's are its expert's reading examples, an order id out of a "
             "search result, labels on the id only); 0 = spans only."
+        ),
+    )
+    copy_replay_share: float = field(
+        default=0.0,
+        metadata=help_text(
+            "Share of every later phase's examples (first-turn, answer-turn, whole demonstrations) drawn from "
+            "the task's copy examples, so that the copy the span-copy phase formed is kept while the task is "
+            "learned; 0 = none. In [0, 1); needs copy_examples like copy_pretrain_task_share."
         ),
     )
     first_turn_steps: int = field(
@@ -188,6 +203,8 @@ class SFTWarmStartConfig(ScheduleSection):
                 "copy_pretrain_steps must be >= 0, copy_pretrain_batch_size >= 1 and copy_pretrain_window >= "
                 f"{MIN_SPAN}"
             )
+        if not 0.0 <= self.copy_replay_share < 1.0:
+            raise ConfigError(f"copy_replay_share: a share in [0, 1), got {self.copy_replay_share}")
         if self.copy_pretrain_learning_rate < 0 or not 0.0 <= self.copy_pretrain_task_share <= 1.0:
             raise ConfigError(
                 "copy_pretrain_learning_rate must be >= 0 (0: learning_rate) and copy_pretrain_task_share in "
@@ -219,7 +236,7 @@ class SFTOutcome:
     policy: PreTrainedModel
     losses: list[float]
     metrics: dict[str, float]
-    num_examples: int
+    num_examples: int  # of the whole-demonstration phase, replayed copy examples included
     trained_tokens: int
     # The copy gate's measurements (`CopyGate.history`): whole-phase step and the rate it measures
     # (`answer_copy_rate`, or `reading_copy_rate` with copy_gate_turns: reading).
@@ -257,7 +274,7 @@ def sft_total_steps(config: SFTWarmStartConfig, num_examples: int) -> int:
     (`copy_pretrain_steps`, `first_turn_steps`, `answer_turn_steps`) and the whole-demonstration phase (a
     progress bar's total)."""
     curriculum = config.copy_pretrain_steps + config.first_turn_steps + config.answer_turn_steps
-    return _steps_of(config, num_examples) + curriculum
+    return _steps_of(config, replayed_size(num_examples, config.copy_replay_share)) + curriculum
 
 
 def _sft_config(config: SFTWarmStartConfig, output_dir: str, num_examples: int = 0) -> Any:
@@ -373,7 +390,16 @@ def run_sft(
             f"copy_pretrain_task_share={config.copy_pretrain_task_share} needs the task's copy examples "
             "(run_sft(copy_examples=...)); give them or set copy_pretrain_task_share: 0"
         )
-    dataset = sft_dataset(trajectories, config.max_length)
+    if config.copy_replay_share > 0 and not copy_examples:
+        raise ValueError(
+            f"copy_replay_share={config.copy_replay_share} needs the task's copy examples "
+            "(run_sft(copy_examples=...)); give them or set copy_replay_share: 0"
+        )
+
+    def replayed(data: Dataset) -> Dataset:  # the task's copies kept in a later phase
+        return with_copy_examples(data, copy_examples, config.copy_replay_share, config.seed)
+
+    dataset = replayed(sft_dataset(trajectories, config.max_length))
     # The curriculum's phases come first: each a few steps at a constant learning rate after warm-up.
     phases = []
     if config.copy_pretrain_steps > 0:  # span copying first: the circuit every later phase reads with
@@ -387,12 +413,12 @@ def run_sft(
         phases.append((copying, spans))
     if config.first_turn_steps > 0:  # short examples, a big batch: copying the question's name into a query
         first = _curriculum_phase(config, config.first_turn_steps, config.first_turn_batch_size)
-        phases.append((first, sft_dataset(trajectories, first_turn_only=True)))
+        phases.append((first, replayed(sft_dataset(trajectories, first_turn_only=True))))
     if config.answer_turn_steps > 0:
         # Whole contexts but labels on the answer turn only, where the first answer word must be found by
         # what precedes it in an observation ("... employee of" -> "Venir"), not by induction.
         answer = _curriculum_phase(config, config.answer_turn_steps, config.answer_turn_batch_size)
-        phases.append((answer, sft_dataset(trajectories, config.max_length, answer_turn_only=True)))
+        phases.append((answer, replayed(sft_dataset(trajectories, config.max_length, answer_turn_only=True))))
     phases.append((config, dataset))
     threads = torch.get_num_threads()
     if config.num_threads > 0:
