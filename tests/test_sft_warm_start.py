@@ -329,10 +329,11 @@ def test_every_later_phase_replays_the_task_s_copies_and_the_total_counts_them(s
         def on_train_begin(self, args, state, control, train_dataloader=None, **kw):
             seen.append(len(train_dataloader.dataset))
 
+    # max_steps 0: the epochs decide
     config = SFTWarmStartConfig(
         max_steps=0, num_train_epochs=1, per_device_train_batch_size=4, first_turn_steps=1, first_turn_batch_size=4,
         copy_replay_share=0.5, logging_steps=1,
-    )  # fmt: skip  (max_steps 0: the epochs decide)
+    )  # fmt: skip
     with pytest.raises(ValueError, match="copy_replay_share"):
         run_sft(build_policy(setup["tok"], MODEL), setup["tok"], setup["demos"][:4], config)
     task = [
