@@ -145,6 +145,9 @@ def main() -> None:
         "--objective", choices=["span", "digits", "task"], default="task", help="Copy objective."
     )
     parser.add_argument("--lr", type=float, default=1e-3, help="Constant learning rate (after 2%% warm-up).")
+    parser.add_argument(
+        "--task-share", type=float, default=0.5, help="`task`: share of reading examples (the rest spans)."
+    )
     parser.add_argument("--steps", type=int, default=450, help="Optimizer steps (batch 64).")
     parser.add_argument("--every", type=int, default=50, help="Steps between two probes.")
     parser.add_argument("--seed", type=int, default=0, help="Seed of the store, the model and the examples.")
@@ -166,9 +169,9 @@ def main() -> None:
     elif args.objective == "digits":
         data = Dataset.from_list(span_examples(world.demos, digits, num, args.seed, window, 0.5))
     else:
-        # What the warm start trains with `copy_pretrain_task_share: 0.5` (searchrl.sft.warm_start.run_sft).
+        # What the warm start trains with `copy_pretrain_task_share` = --task-share (sft/warm_start.run_sft).
         reading = reading_examples(tok, world.demos)
-        data = copy_pretraining_dataset(world.demos, num, args.seed, window, reading, 0.5)
+        data = copy_pretraining_dataset(world.demos, num, args.seed, window, reading, args.task_share)
     sft = dataclasses.replace(
         cfg.sft, seed=args.seed, learning_rate=args.lr, max_steps=args.steps, per_device_train_batch_size=64,
         gradient_accumulation_steps=1, lr_scheduler_type="constant_with_warmup", copy_gate=0.0, logging_steps=10,
