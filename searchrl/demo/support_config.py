@@ -114,8 +114,9 @@ def support_smoke_config(out_dir: str = "runs/demo-support-smoke", seed: int = 0
     task = SupportConfig(customers=60, train_questions=96, dev_questions=12, test_questions=12)
     model: TinyModelConfig = smoke.model
     cfg = SupportDemoConfig(out_dir=out_dir, seed=seed, task=task, vocab_size=700, model=model)
-    # A few span-copy steps, half of them the expert's reading examples at their own rate, so that the smoke run
-    # goes through every phase the default has and the one issue 26's next runs need.
+    # A few span-copy steps, half of them the expert's reading examples at their own rate, and those examples
+    # replayed in the later phases, so that the smoke run goes through every phase the default has and the
+    # settings issue 26's next runs need.
     cfg.sft = dataclasses.replace(
         smoke.sft,
         num_train_epochs=1,
@@ -123,6 +124,7 @@ def support_smoke_config(out_dir: str = "runs/demo-support-smoke", seed: int = 0
         copy_pretrain_batch_size=8,
         copy_pretrain_learning_rate=1e-3,
         copy_pretrain_task_share=0.5,
+        copy_replay_share=0.2,
     )
     cfg.environment = dataclasses.replace(_support_environment(), max_new_tokens_per_turn=32)
     cfg.ppo = dataclasses.replace(smoke.ppo, total_episodes=16, num_eval_questions=12)
