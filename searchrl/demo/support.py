@@ -192,9 +192,8 @@ def run_support_demo(cfg: SupportDemoConfig) -> dict[str, Any]:
         )
 
     sft_cfg = dataclasses.replace(cfg.sft, seed=cfg.seed, output_dir=str(out / "sft" / "trainer"))
-    # The task's own copy examples for the span-copy phase (an order id out of a search result), when asked for.
-    wants_reading = sft_cfg.copy_pretrain_task_share > 0 or sft_cfg.copy_replay_share > 0
-    reading = reading_examples(world.tokenizer, world.demos) if wants_reading else []
+    # The task's own copy examples (an order id out of a search result), when the warm start draws from them.
+    reading = reading_examples(world.tokenizer, world.demos) if sft_cfg.needs_copy_examples() else []
     sft = runner.run_with_progress(
         "sft",
         lambda progress: run_sft(

@@ -188,6 +188,12 @@ class SFTWarmStartConfig(ScheduleSection):
         ),
     )
 
+    def needs_copy_examples(self) -> bool:
+        """Whether `run_sft` draws from the task's copy examples (the span-copy phase's share, or the replay)."""
+        return (
+            self.copy_pretrain_steps > 0 and self.copy_pretrain_task_share > 0
+        ) or self.copy_replay_share > 0
+
     def check(self) -> None:
         """Its own fields (the schedule's are checked first: `check_sections`)."""
         if self.max_length < 8:
@@ -385,15 +391,11 @@ def run_sft(
     `copy_pretrain_task_share` of the span-copy phase.
     """
     config = config or SFTWarmStartConfig()
-    if config.copy_pretrain_steps > 0 and config.copy_pretrain_task_share > 0 and not copy_examples:
+    if config.needs_copy_examples() and not copy_examples:
         raise ValueError(
-            f"copy_pretrain_task_share={config.copy_pretrain_task_share} needs the task's copy examples "
-            "(run_sft(copy_examples=...)); give them or set copy_pretrain_task_share: 0"
-        )
-    if config.copy_replay_share > 0 and not copy_examples:
-        raise ValueError(
-            f"copy_replay_share={config.copy_replay_share} needs the task's copy examples "
-            "(run_sft(copy_examples=...)); give them or set copy_replay_share: 0"
+            f"copy_pretrain_task_share={config.copy_pretrain_task_share} (with copy_pretrain_steps="
+            f"{config.copy_pretrain_steps}) and copy_replay_share={config.copy_replay_share} draw from the task's "
+            "copy examples (run_sft(copy_examples=...)); give them or set both shares to 0"
         )
 
     def replayed(data: Dataset) -> Dataset:  # the task's copies kept in a later phase
