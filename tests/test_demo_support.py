@@ -86,3 +86,74 @@ def test_a_support_yaml_loads_with_the_demo_s_other_settings(tmp_path: Path) -> 
     assert cfg.expert.follow_injection == SupportDemoConfig().expert.follow_injection
     assert cfg.task.customers == 100 and cfg.task.train_questions == SupportDemoConfig().task.train_questions
     assert "get_order" in cfg.environment.system_prompt
+
+
+def test_reuse_warm_start_reruns_ppo_on_the_same_support_warm_start(smoke_run: Path, tmp_path: Path) -> None:
+    """`searchrl demo --task support --reuse-warm-start`: the expert and SFT stages are read back (not rerun),
+    the warm start's files stay as they were, its evaluations come out the same, and PPO trains afresh from it
+    to the same weights as the first run."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file
+
+    out = tmp_path / "run"
+    shutil.copytree(smoke_run, out)
+    before = json.loads((out / "summary.json").read_text())
+    sft_bytes = (out / "sft" / "policy" / "model.safetensors").read_bytes()
+    first_ppo = {p.relative_to(out): load_file(p) for p in (out / "ppo").rglob("*.safetensors")}
+    cmd = [sys.executable, "-m", "searchrl.cli", "demo", "--config", str(out / "demo_config.yaml"), "--quiet",
+           "--out", str(out), "--reuse-warm-start"]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "running every stage" not in proc.stderr
+    summary = json.loads((out / "summary.json").read_text())
+
+    assert summary["warm_start"]["reused"] is True and before["warm_start"] == {"reused": False}
+    assert "sft" not in summary["stages_seconds"]
+    assert summary["warm_start"]["stages_seconds_when_trained"]["sft"] == before["stages_seconds"]["sft"]
+    assert (out / "sft" / "policy" / "model.safetensors").read_bytes() == sft_bytes
+    assert summary["num_demonstrations"] == before["num_demonstrations"]
+    assert summary["demonstrations_by_kind"] == before["demonstrations_by_kind"]
+    for key in ("final_loss", "copy_rates", "copy_gate"):
+        assert summary["sft"][key] == before["sft"][key], key
+    for split in ("dev", "test"):
+        for key in TASK_FIGURES:
+            assert summary["sft"][split][key] == before["sft"][split][key], (split, key)
+    metrics = [json.loads(line) for line in (out / "ppo" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == sorted({m["step"] for m in metrics})  # one run, not two appended
+    again = {p.relative_to(out): load_file(p) for p in (out / "ppo").rglob("*.safetensors")}
+    assert again.keys() == first_ppo.keys() and again
+    for rel, tensors in again.items():
+        for name, tensor in tensors.items():
+            assert torch.allclose(tensor, first_ppo[rel][name], atol=1e-5), (rel, name)
+
+
+def test_support_reuse_refuses_a_warm_start_trained_otherwise_or_cut_short(
+    smoke_run: Path, tmp_path: Path
+) -> None:
+    import dataclasses
+    import shutil
+
+    from searchrl.common.config import load_config
+    from searchrl.demo.support_config import SupportDemoConfig
+    from searchrl.demo.support_reuse import find_support_warm_start
+
+    cfg = load_config(SupportDemoConfig, smoke_run / "demo_config.yaml")
+    ppo_only = dataclasses.replace(cfg, num_threads=1, permission_denied_penalty=1.0,
+                                   ppo=dataclasses.replace(cfg.ppo, learning_rate=1e-4))  # fmt: skip
+    same, why = find_support_warm_start(ppo_only, smoke_run)
+    assert same is not None and why == ""
+    recorded = json.loads((smoke_run / "summary.json").read_text())["sft"]
+    assert same.copy_rates == recorded["copy_rates"] and same.final_loss == recorded["final_loss"]
+    lazier = dataclasses.replace(cfg, expert=dataclasses.replace(cfg.expert, skip_lookup=0.1))
+    found, why = find_support_warm_start(lazier, smoke_run)
+    assert found is None and why.endswith("trained its warm start with other settings: expert")
+    cut = tmp_path / "cut"
+    shutil.copytree(smoke_run, cut)
+    demos = cut / "sft" / "expert.jsonl.gz"
+    demos.write_bytes(demos.read_bytes()[:-40])  # a run stopped while writing its demonstrations
+    found, why = find_support_warm_start(cfg, cut)
+    assert found is None and "not a complete gzip file" in why
+    found, why = find_support_warm_start(cfg, tmp_path / "nowhere")
+    assert found is None and "no finished warm start" in why

@@ -58,7 +58,7 @@ def register(app: typer.Typer) -> None:
             "--reuse-warm-start",
             help="Keep the SFT warm start --out already holds when it was trained with the same settings (every "
             "stage after SFT runs again: for PPO changes; the real loop also keeps its baselines and SFT's "
-            "evaluation); otherwise run every stage.",
+            "evaluation; every demo kind, --task support included); otherwise run every stage.",
         ),
     ) -> None:
         """Run the offline demo: synthesise the task, index it, build and warm-start the tiny model, PPO, evaluate."""
@@ -79,7 +79,7 @@ def register(app: typer.Typer) -> None:
                 raise typer.BadParameter(
                     "--real and --compare-grpo belong to other demos, not --task support"
                 )
-            _run_support(config, smoke, out, seed, quiet)
+            _run_support(config, smoke, out, seed, quiet, reuse_warm_start)
             return
         if real or (config is not None and is_real_demo_yaml(config)):
             if compare_grpo:
@@ -128,7 +128,9 @@ def _with_options(cfg: Any, out: str | None, seed: int | None, quiet: bool, **mo
     return dataclasses.replace(cfg, **given) if given else cfg
 
 
-def _run_support(config: Path | None, smoke: bool, out: str | None, seed: int | None, quiet: bool) -> None:
+def _run_support(
+    config: Path | None, smoke: bool, out: str | None, seed: int | None, quiet: bool, reuse_warm_start: bool
+) -> None:
     """The customer-service demo (`searchrl.demo.support`): load or build its config, run it, print the headline."""
     from searchrl.demo.support import run_support_demo
     from searchrl.demo.support_config import SupportDemoConfig, support_smoke_config  # torch, trl, bm25s
@@ -140,7 +142,7 @@ def _run_support(config: Path | None, smoke: bool, out: str | None, seed: int | 
             raise typer.BadParameter(str(exc), param_hint="--config") from None
     else:
         cfg = support_smoke_config() if smoke else SupportDemoConfig()
-    cfg = _with_options(cfg, out, seed, quiet)
+    cfg = _with_options(cfg, out, seed, quiet, reuse_warm_start=True if reuse_warm_start else None)
     summary = run_support_demo(cfg)
     headline = {
         f"{stage}.{split}.{key}": summary[stage][split][key]

@@ -38,20 +38,26 @@ import torch
 
 from searchrl.common.config import save_config
 from searchrl.common.io import atomic_write_json
-from searchrl.common.trajectory import write_trajectories
+from searchrl.common.trajectory import read_trajectories, write_trajectories
 from searchrl.data.support import SupportTask, generate_support
 from searchrl.data.support_access import order_tool, task_metrics, with_principals
 from searchrl.demo.configs import SUPPORT_KIND
 from searchrl.demo.layouts import support_demo_layout
+from searchrl.demo.reuse import warm_start_if_asked
 from searchrl.demo.stages import StageProgress, StageRunner
 from searchrl.demo.summary import TASK_METRICS, stage_figures, support_headline
 from searchrl.demo.support_config import SupportDemoConfig
+from searchrl.demo.support_reuse import (
+    SupportWarmStart,
+    clear_support_after_warm_start,
+    find_support_warm_start,
+)
 from searchrl.env.environment import SearchEnvironment
 from searchrl.evaluation.audit import audit_run
 from searchrl.evaluation.loop import evaluate_with_ppo_limits
 from searchrl.evaluation.report import write_report
 from searchrl.evaluation.statistics import summarise_metrics
-from searchrl.models.io import save_model_dir
+from searchrl.models.io import load_policy, load_tokenizer, save_model_dir
 from searchrl.models.tiny import build_policy, tokenizer_training_texts, train_tokenizer
 from searchrl.ppo.trainer import PPOTrainer
 from searchrl.rewards.combine import RewardSpec, Rubric
@@ -113,8 +119,12 @@ class SupportWorld:
         return self.task.splits[split]
 
 
-def prepare_support_world(cfg: SupportDemoConfig, out: Path, runner: StageRunner) -> SupportWorld:
-    """Stages 1-4: the store and its files, the index, tokenizer and policy, the demonstrations."""
+def prepare_support_world(
+    cfg: SupportDemoConfig, out: Path, runner: StageRunner, reused: SupportWarmStart | None = None
+) -> SupportWorld:
+    """Stages 1-4: the store and its files, the index, tokenizer and policy, the demonstrations. With `reused`
+    (`searchrl.demo.support_reuse`), stages 3 and 4 read the warm start's tokenizer, SFT policy and
+    demonstrations back."""
     data_dir = out / "data"
 
     def make_data() -> SupportTask:
@@ -129,6 +139,12 @@ def prepare_support_world(cfg: SupportDemoConfig, out: Path, runner: StageRunner
     backend.search(["warm up"], 1)  # compile the numba scorer before any deadline runs
     tool = order_tool(task.store)
     env_config = cfg.environment.env_config()
+    if reused is not None:
+        tok, policy = runner.run(
+            "models", lambda: (load_tokenizer(reused.policy_dir), load_policy(reused.policy_dir))
+        )
+        demos = runner.run("expert", lambda: read_trajectories(reused.demonstrations_path))
+        return SupportWorld(task, backend, tool, tok, policy, demos, env_config)
 
     def make_models() -> tuple[Any, Any]:
         probe = SearchEnvironment(backend, env_config, tools=[tool])
@@ -163,10 +179,11 @@ def run_support_demo(cfg: SupportDemoConfig) -> dict[str, Any]:
     torch.manual_seed(cfg.seed)
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    save_config(cfg, out / "demo_config.yaml")
+    reused = warm_start_if_asked(cfg, out, find_support_warm_start, clear_support_after_warm_start)
+    save_config(cfg, out / "demo_config.yaml")  # after the reuse check read the saved one
     layout = support_demo_layout(EVAL_SPLITS)
     write_layout(out, layout)  # now, so that a running demo can be viewed
-    world = prepare_support_world(cfg, out, runner)
+    world = prepare_support_world(cfg, out, runner, reused)
     rubric = support_rubric(cfg.permission_denied_penalty)
     metrics = task_metrics(world.task.store)
 
@@ -191,22 +208,10 @@ def run_support_demo(cfg: SupportDemoConfig) -> dict[str, Any]:
             total=total,
         )
 
-    sft_cfg = dataclasses.replace(cfg.sft, seed=cfg.seed, output_dir=str(out / "sft" / "trainer"))
-    # The task's own copy examples (an order id out of a search result), when the warm start draws from them.
-    reading = reading_examples(world.tokenizer, world.demos) if sft_cfg.needs_copy_examples() else []
-    sft = runner.run_with_progress(
-        "sft",
-        lambda progress: run_sft(
-            world.policy, world.tokenizer, world.demos, sft_cfg, [progress.trainer_callback()], reading
-        ),
-        total=sft_total_steps(sft_cfg, len(world.demos)),
-    )
-    save_model_dir(sft.policy, world.tokenizer, out / "sft" / "policy")
-    # Does the warm start read what its calls and answers need (an order id, a status) out of observations?
-    copy_rates = turn_copy_rates(sft.policy, world.demos)
-    sft_eval = evaluate("sft", sft.policy)
+    sft_policy, sft_facts = _warm_start(cfg, world, out, runner, reused)
+    sft_eval = evaluate("sft", sft_policy)
     trainer = runner.run_with_progress(
-        "ppo", lambda progress: _train_ppo(cfg, world, sft.policy, rubric, progress)
+        "ppo", lambda progress: _train_ppo(cfg, world, sft_policy, rubric, progress)
     )
     ppo_eval = evaluate("ppo", trainer.policy)
 
@@ -214,9 +219,7 @@ def run_support_demo(cfg: SupportDemoConfig) -> dict[str, Any]:
         "kind": SUPPORT_KIND,
         "sft": {
             **sft_eval,
-            "final_loss": sft.losses[-1] if sft.losses else None,
-            "copy_rates": copy_rates,  # teacher-forced, per kind of turn (sft/copy_check.py)
-            "copy_gate": sft.copy_gate,
+            **sft_facts,
         },
         "ppo": {
             **ppo_eval,
@@ -228,6 +231,7 @@ def run_support_demo(cfg: SupportDemoConfig) -> dict[str, Any]:
             s: ppo_eval[s]["task_success"] - sft_eval[s]["task_success"] for s in EVAL_SPLITS
         },
         "targets": support_targets(sft_eval["test"], ppo_eval["test"]),
+        "warm_start": reused.to_summary() if reused is not None else {"reused": False},
         "num_demonstrations": len(world.demos),
         "demonstrations_by_kind": _demonstration_kinds(world.demos),
         "questions": {s: len(world.rows(s)) for s in ("train", *EVAL_SPLITS)},
@@ -250,6 +254,47 @@ def run_support_demo(cfg: SupportDemoConfig) -> dict[str, Any]:
     summary.update(stage_figures(runner), **runner.totals())
     write_layout(out, layout, summary)
     return summary
+
+
+def _warm_start(
+    cfg: SupportDemoConfig,
+    world: SupportWorld,
+    out: Path,
+    runner: StageRunner,
+    reused: SupportWarmStart | None,
+) -> tuple[Any, dict[str, Any]]:
+    """Stage 5: the SFT policy (trained and saved, or `reused`), and its facts for the summary: final loss,
+    copy gate, and the teacher-forced copy rates per kind of turn (`sft/copy_check.py`: does it read what its
+    calls and answers need, an order id or a status, out of observations?)."""
+    if reused is not None:
+        policy = world.policy
+        # A reused warm start's rates were measured when it was trained: the same weights and demonstrations.
+        facts = {
+            "final_loss": reused.final_loss,
+            "copy_rates": reused.copy_rates,
+            "copy_gate": reused.copy_gate,
+        }
+    else:
+        sft_cfg = dataclasses.replace(cfg.sft, seed=cfg.seed, output_dir=str(out / "sft" / "trainer"))
+        # The task's own copy examples (an order id out of a search result), when the warm start draws from them.
+        reading = reading_examples(world.tokenizer, world.demos) if sft_cfg.needs_copy_examples() else []
+        sft = runner.run_with_progress(
+            "sft",
+            lambda progress: run_sft(
+                world.policy, world.tokenizer, world.demos, sft_cfg, [progress.trainer_callback()], reading
+            ),
+            total=sft_total_steps(sft_cfg, len(world.demos)),
+        )
+        save_model_dir(sft.policy, world.tokenizer, out / "sft" / "policy")
+        policy = sft.policy
+        facts = {
+            "final_loss": sft.losses[-1] if sft.losses else None,
+            "copy_rates": None,
+            "copy_gate": sft.copy_gate,
+        }
+    if facts["copy_rates"] is None:
+        facts["copy_rates"] = turn_copy_rates(policy, world.demos)
+    return policy, facts
 
 
 def support_targets(sft_test: dict[str, Any], ppo_test: dict[str, Any]) -> dict[str, bool]:

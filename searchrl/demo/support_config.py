@@ -102,6 +102,16 @@ class SupportDemoConfig:
         metadata={"help": "PPO stage: PPO's own fields, batch, optimiser and evaluation cadence (on dev)."},
     )
     progress_bar: bool = field(default=True, metadata={"help": "Show a progress line per stage."})
+    reuse_warm_start: bool = field(
+        default=False,
+        metadata={
+            "help": "Keep the SFT warm start `out_dir` already holds when it was trained with the same settings "
+            "(all but out_dir, num_threads, ppo, generation, permission_denied_penalty, progress_bar): the store "
+            "and index are rebuilt, the tokenizer, SFT policy and demonstrations read back, and both "
+            "evaluations, PPO, the audit and the report run again (`searchrl.demo.support_reuse`). Otherwise "
+            "every stage runs, and the demo says why."
+        },
+    )
 
     def ppo_config(self) -> PPOConfig:
         """The PPO stage's settings (`stage_ppo_config`): what PPO trains with and every evaluation's limits."""
