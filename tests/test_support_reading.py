@@ -1,10 +1,13 @@
-"""The support expert's reading examples: an order id out of a search result, labels on the id only."""
+"""The support expert's reading examples: an order id out of a search result, an answer out of the last
+observation, the item out of the question into the first search; labels on the copied span only."""
 
 from __future__ import annotations
 
 import re
 import tempfile
 from pathlib import Path
+
+import pytest
 
 from searchrl.demo.stages import StageRunner
 from searchrl.demo.support import prepare_support_world
@@ -13,10 +16,14 @@ from searchrl.sft.examples import IGNORE_INDEX, action_turns
 from searchrl.sft.support_expert import reading_examples
 
 
-def test_every_where_demonstration_lazy_or_not_reads_the_id_its_search_result_shows() -> None:
+@pytest.fixture(scope="module")
+def smoke_world():
     with tempfile.TemporaryDirectory() as tmp:
-        world = prepare_support_world(support_smoke_config(out_dir=tmp), Path(tmp), StageRunner(False))
-    tok, demos = world.tokenizer, world.demos
+        return prepare_support_world(support_smoke_config(out_dir=tmp), Path(tmp), StageRunner(False))
+
+
+def test_every_where_demonstration_lazy_or_not_reads_the_id_its_search_result_shows(smoke_world) -> None:
+    tok, demos = smoke_world.tokenizer, smoke_world.demos
     where = [d for d in demos if d.metadata.get("hops") == 2]
     lazy = [d for d in where if d.metadata["expert_kind"] == "skip_lookup"]
     assert lazy and len(lazy) < len(where)  # both kinds are there to read from
@@ -34,3 +41,40 @@ def test_every_where_demonstration_lazy_or_not_reads_the_id_its_search_result_sh
             # the expert's own call, token for token
             end = action_turns(demo.action_mask)[1][1]
             assert call == [int(i) for i in demo.input_ids[start:end]]
+
+
+def test_answer_examples_copy_the_answer_out_of_the_last_observation_and_skip_lazy_ones(smoke_world) -> None:
+    tok, demos = smoke_world.tokenizer, smoke_world.demos
+    copied = [d for d in demos if d.answer and d.observations and d.answer in d.observations[-1]]
+    wanted = [d for d in copied if d.metadata["expert_kind"] != "skip_lookup"]
+    assert wanted and len(wanted) < len(copied) < len(demos)  # lazy answers and yes/no decisions left out
+    examples = reading_examples(tok, demos, ["answer"])
+    assert len(examples) == len(wanted)
+    for demo, example in zip(wanted, examples, strict=True):
+        end = action_turns(demo.action_mask)[-1][1]
+        assert example["input_ids"] == [
+            int(i) for i in demo.input_ids[:end]
+        ]  # the demonstration's own tokens
+        labelled = [t for t in example["labels"] if t != IGNORE_INDEX]
+        assert tok.decode(labelled).strip() == demo.answer  # the answer, not its tags
+        assert all(t == IGNORE_INDEX for t in example["labels"][: action_turns(demo.action_mask)[-1][0]])
+
+
+def test_query_examples_label_what_the_first_search_copies_from_the_question(smoke_world) -> None:
+    tok, demos = smoke_world.tokenizer, smoke_world.demos
+    examples = reading_examples(tok, demos, ["query"])
+    kinds = {d.question_id: d.metadata for d in demos}
+    assert examples and len(examples) < len(demos)  # "order waiting in the warehouse" copies nothing
+    by_prefix = {tuple(int(i) for i in d.input_ids[: action_turns(d.action_mask)[0][1]]): d for d in demos}
+    for example in examples:
+        demo = by_prefix[tuple(example["input_ids"])]
+        labelled = tok.decode([t for t in example["labels"] if t != IGNORE_INDEX]).strip()
+        query = demo.tool_calls[0].arguments["query"]
+        assert query.endswith(labelled) and labelled in demo.question and labelled
+        if kinds[demo.question_id].get("hops") == 2:  # a `where` question: the item, colour and all
+            assert labelled == query.removeprefix("order ")
+
+
+def test_reading_examples_refuse_an_unknown_kind(smoke_world) -> None:
+    with pytest.raises(ValueError, match="choose from"):
+        reading_examples(smoke_world.tokenizer, smoke_world.demos, ["status"])

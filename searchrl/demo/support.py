@@ -277,7 +277,11 @@ def _warm_start(
     else:
         sft_cfg = dataclasses.replace(cfg.sft, seed=cfg.seed, output_dir=str(out / "sft" / "trainer"))
         # The task's own copy examples (an order id out of a search result), when the warm start draws from them.
-        reading = reading_examples(world.tokenizer, world.demos) if sft_cfg.needs_copy_examples() else []
+        reading = (
+            reading_examples(world.tokenizer, world.demos, cfg.reading_kinds)
+            if sft_cfg.needs_copy_examples()
+            else []
+        )
         sft = runner.run_with_progress(
             "sft",
             lambda progress: run_sft(

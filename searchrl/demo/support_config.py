@@ -18,12 +18,13 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Literal
 
+from searchrl.common.config import ConfigError
 from searchrl.data.support import SupportConfig
 from searchrl.demo.configs import DemoConfig, smoke_config, stage_ppo_config
 from searchrl.models.tiny import TinyModelConfig
 from searchrl.ppo.config import PPOConfig, PPOSection
 from searchrl.sections import EnvironmentSection, GenerationSection
-from searchrl.sft.support_expert import SupportExpertConfig
+from searchrl.sft.support_expert import READING_KINDS, SupportExpertConfig
 from searchrl.sft.warm_start import SFTWarmStartConfig
 
 # Names the tools (the prompt has no tool schema): the tiny model learns their use from demonstrations.
@@ -85,6 +86,15 @@ class SupportDemoConfig:
     permission_denied_penalty: float = field(
         default=0.5, metadata={"help": "Reward lost per permission-denied call (the rubric's own term)."}
     )
+    reading_kinds: list[str] = field(
+        default_factory=lambda: ["order_id"],
+        metadata={
+            "help": "The task's copy examples the warm start draws from when `sft.copy_pretrain_task_share` or "
+            "`sft.copy_replay_share` is > 0 (`searchrl.sft.support_expert.reading_examples`): order_id (the id "
+            "out of a search result), answer (a status or item out of the last observation), query (the item "
+            "out of the question into the first search)."
+        },
+    )
     sft: SFTWarmStartConfig = field(
         default_factory=_support_sft,
         metadata={"help": "SFT warm start optimisation (first-turn curriculum, then whole demonstrations)."},
@@ -113,6 +123,11 @@ class SupportDemoConfig:
         },
     )
 
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.reading_kinds) - set(READING_KINDS))
+        if unknown or not self.reading_kinds:
+            raise ConfigError(f"reading_kinds: choose from {list(READING_KINDS)}, got {self.reading_kinds}")
+
     def ppo_config(self) -> PPOConfig:
         """The PPO stage's settings (`stage_ppo_config`): what PPO trains with and every evaluation's limits."""
         return stage_ppo_config(self)
@@ -125,8 +140,8 @@ def support_smoke_config(out_dir: str = "runs/demo-support-smoke", seed: int = 0
     model: TinyModelConfig = smoke.model
     cfg = SupportDemoConfig(out_dir=out_dir, seed=seed, task=task, vocab_size=700, model=model)
     # A few span-copy steps, half of them the expert's reading examples at their own rate, and those examples
-    # replayed in the later phases, so that the smoke run goes through every phase the default has and the
-    # settings issue 26's next runs need.
+    # replayed in the later phases (every kind of them), so that the smoke run goes through every phase the
+    # default has and the settings issue 26's next runs need.
     cfg.sft = dataclasses.replace(
         smoke.sft,
         num_train_epochs=1,
@@ -136,6 +151,7 @@ def support_smoke_config(out_dir: str = "runs/demo-support-smoke", seed: int = 0
         copy_pretrain_task_share=0.5,
         copy_replay_share=0.2,
     )
+    cfg.reading_kinds = list(READING_KINDS)
     cfg.environment = dataclasses.replace(_support_environment(), max_new_tokens_per_turn=32)
     cfg.ppo = dataclasses.replace(smoke.ppo, total_episodes=16, num_eval_questions=12)
     return cfg

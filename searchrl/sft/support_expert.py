@@ -211,33 +211,98 @@ class SupportExpert:
         return batch.trajectories
 
 
-def reading_examples(
-    tokenizer: PreTrainedTokenizerBase, demonstrations: Sequence[Trajectory]
-) -> list[dict[str, list[int]]]:
-    """Copy examples for the warm start's span-copy phase (`run_sft(copy_examples=...)`): per `where`
-    demonstration, lazy or not, its tokens up to the turn after the search result, then the get_order call with
-    the id of the first order document that result shows, labels on the id's digits only.
+# What `reading_examples` can build, each a copy the tiny policy has to make out of its context.
+READING_KINDS = ("order_id", "answer", "query")
 
-    Why: reading an order id out of a search result is the copy the tiny policy does not learn from generic spans
-    (docs/support.md), and the lazy expert (`skip_lookup`) shows it in only a third of the `where`
-    demonstrations. Labels on the id alone teach the copy without the decision to call get_order, which stays
-    for PPO. The call is encoded as the expert's own (`SupportForcing`): the same text, its closing EOS.
+
+def reading_examples(
+    tokenizer: PreTrainedTokenizerBase,
+    demonstrations: Sequence[Trajectory],
+    kinds: Sequence[str] = ("order_id",),
+) -> list[dict[str, list[int]]]:
+    """Copy examples for the warm start's span-copy phase (`run_sft(copy_examples=...)`): a demonstration's tokens
+    up to one of its turns, then that turn, labels only on the part of it copied from the context. `kinds`:
+
+    - ``order_id``: per `where` demonstration, lazy or not, the get_order call with the id of the first order
+      document its search result shows (labels on the id's digits);
+    - ``answer``: per demonstration whose answer is a span of its last observation (a status out of a get_order
+      record, an item out of an order document), not a lazy one, its answer turn (labels on the answer);
+    - ``query``: per demonstration whose first call is a search that names something from the question (the
+      item, the product), that call (labels on the words the query shares with the question's end).
+
+    Why: the tiny policy does not learn these copies from generic spans or whole demonstrations (docs/support.md:
+    order ids 0.06, answers about 0.55 teacher-forced), and the lazy expert (`skip_lookup`) shows the id in only a
+    third of the `where` demonstrations. Labels on the copied span alone teach the copy without the decisions
+    around it (call get_order or answer; which tool), which stay for PPO; lazy answers are left out so that the
+    copies do not teach the lazy answer more often than the demonstrations do.
     """
+    unknown = sorted(set(kinds) - set(READING_KINDS))
+    if unknown or not kinds:
+        raise ValueError(f"reading example kinds: choose from {list(READING_KINDS)}, got {list(kinds)}")
+    builders = {"order_id": _order_id_example, "answer": _answer_example, "query": _query_example}
     examples = []
-    for traj in demonstrations:
-        turns = action_turns(traj.action_mask)
-        first = traj.tool_calls[0] if traj.tool_calls else None
-        if traj.metadata.get("hops") != 2 or len(turns) < 2 or first is None or first.name != "search":
-            continue
-        found = _RESULT_ORDER.search(traj.observations[0]) if traj.observations else None
-        if found is None:
-            continue
-        call = [int(i) for i in tokenizer.encode(_get_order(found.group(1)), add_special_tokens=False)]
-        call.append(int(tokenizer.eos_token_id))
-        context = [int(i) for i in traj.input_ids[: turns[1][0]]]
-        # The call's JSON holds no digit but the id's, one token each (the pre-tokenizer splits digits).
-        labels = [IGNORE_INDEX] * len(context) + [
-            token if tokenizer.decode([token]).isdigit() else IGNORE_INDEX for token in call
-        ]
-        examples.append({"input_ids": context + call, "labels": labels})
+    for kind in kinds:
+        for traj in demonstrations:
+            example = builders[kind](tokenizer, traj)
+            if example is not None:
+                examples.append(example)
     return examples
+
+
+def _order_id_example(tokenizer: PreTrainedTokenizerBase, traj: Trajectory) -> dict[str, list[int]] | None:
+    turns = action_turns(traj.action_mask)
+    first = traj.tool_calls[0] if traj.tool_calls else None
+    if traj.metadata.get("hops") != 2 or len(turns) < 2 or first is None or first.name != "search":
+        return None
+    found = _RESULT_ORDER.search(traj.observations[0]) if traj.observations else None
+    if found is None:
+        return None
+    # The call encoded as the expert's own (`SupportForcing`): the same text, its closing EOS.
+    call = [int(i) for i in tokenizer.encode(_get_order(found.group(1)), add_special_tokens=False)]
+    call.append(int(tokenizer.eos_token_id))
+    context = [int(i) for i in traj.input_ids[: turns[1][0]]]
+    # The call's JSON holds no digit but the id's, one token each (the pre-tokenizer splits digits).
+    labels = [IGNORE_INDEX] * len(context) + [
+        token if tokenizer.decode([token]).isdigit() else IGNORE_INDEX for token in call
+    ]
+    return {"input_ids": context + call, "labels": labels}
+
+
+def _answer_example(tokenizer: PreTrainedTokenizerBase, traj: Trajectory) -> dict[str, list[int]] | None:
+    answer, turns = traj.answer, action_turns(traj.action_mask)
+    if not answer or not traj.observations or not turns or traj.metadata.get("expert_kind") == "skip_lookup":
+        return None
+    if answer not in traj.observations[-1]:
+        return None  # a decision ("yes"/"no" from two dates), not a copy
+    return _turn_example(tokenizer, traj, turns[-1], answer)
+
+
+def _query_example(tokenizer: PreTrainedTokenizerBase, traj: Trajectory) -> dict[str, list[int]] | None:
+    first, turns = (traj.tool_calls[0] if traj.tool_calls else None), action_turns(traj.action_mask)
+    if first is None or first.name != "search" or not turns:
+        return None
+    words, question = str(first.arguments.get("query", "")).split(), str(traj.question).rstrip("?. ")
+    # The longest end of the query that the question names ("order black mug" -> "black mug").
+    for i in range(len(words)):
+        copied = " ".join(words[i:])
+        if re.search(rf"\b{re.escape(copied)}\b", question):
+            return _turn_example(tokenizer, traj, turns[0], copied)
+    return None
+
+
+def _turn_example(
+    tokenizer: PreTrainedTokenizerBase, traj: Trajectory, turn: tuple[int, int], value: str
+) -> dict[str, list[int]] | None:
+    """The demonstration up to the end of `turn`, labels on the turn's tokens that spell `value`."""
+    start, end = turn
+    ids = [int(i) for i in traj.input_ids[:end]]
+    text_of_turn = tokenizer.decode(ids[start:])
+    at = text_of_turn.find(value)
+    if at < 0:
+        return None
+    labels = [IGNORE_INDEX] * len(ids)
+    for j in range(start, end):
+        lo, hi = len(tokenizer.decode(ids[start:j])), len(tokenizer.decode(ids[start : j + 1]))
+        if hi > lo and lo < at + len(value) and hi > at:
+            labels[j] = ids[j]
+    return {"input_ids": ids, "labels": labels}
