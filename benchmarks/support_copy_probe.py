@@ -7,15 +7,20 @@ then one copy objective trained from scratch on the demonstrations at a constant
 - `id_exact` / `id_digit_accuracy`: teacher-forced on the expert's `where` demonstrations of the dev and test
   customers (every one looking its order up), the share of `get_order` calls whose five id digits are all the
   policy's greedy choice / the share of digits (chance 0.10). The id stands only in the search result before it.
-- `span_exact`: held-out generic span copies (`searchrl.sft.examples.span_copy_example`, window 512).
+- `span_exact`: held-out generic span copies (`searchrl.sft.examples.span_copy_example`, window 512);
+- `answer_exact` / `query_exact`: the same `where` demonstrations' answer (the status out of the get_order record)
+  and first search (the item out of the question), teacher-forced, every token of the copied span right
+  (`reading_examples` of kind answer / query on them).
 
 Objectives (`--objective`):
 - `span`: the shipped span-copy phase (`copy_pretraining_dataset`, window 512);
 - `digits`: half of the spans start two tokens before a digit run and cover it;
-- `task`: the warm start's `copy_pretrain_task_share: 0.5`: half of the examples are the support expert's
-  `reading_examples` (a train `where` demonstration, lazy or not, up to its search result, then the get_order call
-  with the id that result shows, labelled on the id's digits only, not on the decision to call), the other half
-  generic spans.
+- `task`: the warm start's `copy_pretrain_task_share` (`--task-share`, 0.5): that share of the examples are the
+  support expert's `reading_examples` of `--kinds` (order_id: a train `where` demonstration, lazy or not, up to
+  its search result, then the get_order call with the id that result shows, labelled on the id's digits only,
+  not on the decision to call; answer; query), the rest generic spans;
+- `shuffled`: span copies over a demonstration's window of `--window` tokens in random order (the same tokens,
+  no language to guess a span from), `--task-share` of them reading examples of `--kinds` instead.
 
 Measured on seed 0 (1 thread, issue 26's closing note): at lr 3e-3 (the warm start's rate) the id stays at chance
 under all three (550 / 400 / 450 steps); `task` at 1e-3 crosses from 0.34 digit accuracy at step 300 to 0.99
@@ -79,6 +84,24 @@ def id_cases(
     return cases, demos
 
 
+def shuffled_span_examples(
+    trajectories, num: int, seed: int, window: int, reading: list, task_share: float
+) -> list:
+    """Span copies over a demonstration's window with its tokens shuffled (no language left to guess a span
+    from: only finding where its cue stood continues it); `task_share` of them `reading` examples instead."""
+    rng, examples = random.Random(seed), []
+    for _ in range(num):
+        if reading and rng.random() < task_share:
+            examples.append(dict(rng.choice(reading)))
+            continue
+        ids = [int(i) for i in rng.choice(trajectories).input_ids]
+        start = rng.randrange(0, max(1, len(ids) - window + 1))
+        ids = ids[start : start + window]
+        rng.shuffle(ids)
+        examples.append(span_copy_example(ids, rng, window))
+    return examples
+
+
 def span_examples(
     trajectories, digits: set[int], num: int, seed: int, window: int, digit_share: float
 ) -> list:
@@ -102,23 +125,30 @@ def span_examples(
 
 
 @torch.no_grad()
-def scores(model, cases, spans) -> dict[str, float]:
+def exact_share(model, examples) -> float:
+    """The share of `examples` whose every labelled token is the model's greedy choice (teacher-forced)."""
+    right = 0
+    for ex in examples:
+        predicted = model(input_ids=torch.tensor([ex["input_ids"]])).logits[0].argmax(-1)
+        labels = ex["labels"]
+        right += all(
+            int(predicted[p - 1]) == labels[p] for p in range(1, len(labels)) if labels[p] != IGNORE_INDEX
+        )
+    return right / max(len(examples), 1)
+
+
+@torch.no_grad()
+def scores(model, cases, spans, more: dict[str, list] | None = None) -> dict[str, float]:
     exact = right = total = 0
     for ids, positions in cases:
         predicted = model(input_ids=torch.tensor([ids])).logits[0].argmax(-1)
         ok = [int(predicted[p - 1]) == ids[p] for p in positions]
         exact, right, total = exact + all(ok), right + sum(ok), total + len(ok)
-    span_right = 0
-    for ex in spans:
-        predicted = model(input_ids=torch.tensor([ex["input_ids"]])).logits[0].argmax(-1)
-        labels = ex["labels"]
-        span_right += all(
-            int(predicted[p - 1]) == labels[p] for p in range(1, len(labels)) if labels[p] != IGNORE_INDEX
-        )
     return {
         "id_exact": exact / len(cases),
         "id_digit_accuracy": right / total,
-        "span_exact": span_right / len(spans),
+        "span_exact": exact_share(model, spans),
+        **{f"{name}_exact": exact_share(model, examples) for name, examples in (more or {}).items()},
     }
 
 
@@ -144,11 +174,22 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument(
-        "--objective", choices=["span", "digits", "task"], default="task", help="Copy objective."
+        "--objective", choices=["span", "digits", "task", "shuffled"], default="task", help="Copy objective."
     )
     parser.add_argument("--lr", type=float, default=1e-3, help="Constant learning rate (after 2%% warm-up).")
     parser.add_argument(
         "--task-share", type=float, default=0.5, help="`task`: share of reading examples (the rest spans)."
+    )
+    parser.add_argument(
+        "--kinds",
+        default="order_id",
+        help="`task`: the reading example kinds, comma-separated (order_id, answer, query).",
+    )
+    parser.add_argument(
+        "--window",
+        type=int,
+        default=128,
+        help="`shuffled`: tokens of a shuffled window (the copy's context).",
     )
     parser.add_argument("--steps", type=int, default=450, help="Optimizer steps (batch 64).")
     parser.add_argument("--every", type=int, default=50, help="Steps between two probes.")
@@ -166,19 +207,25 @@ def main() -> None:
     cases, held_out_demos = id_cases(world, cfg, digits)
     rng = random.Random(123)
     held_out = [span_copy_example(t.input_ids, rng, window) for t in held_out_demos for _ in range(2)]
+    more = {kind: reading_examples(tok, held_out_demos, [kind]) for kind in ("answer", "query")}
     if args.objective == "span":
         data = copy_pretraining_dataset(world.demos, num, args.seed, window)
     elif args.objective == "digits":
         data = Dataset.from_list(span_examples(world.demos, digits, num, args.seed, window, 0.5))
+    elif args.objective == "shuffled":
+        reading = reading_examples(tok, world.demos, args.kinds.split(",")) if args.task_share > 0 else []
+        data = Dataset.from_list(
+            shuffled_span_examples(world.demos, num, args.seed, args.window, reading, args.task_share)
+        )
     else:
         # What the warm start trains with `copy_pretrain_task_share` = --task-share (sft/warm_start.run_sft).
-        reading = reading_examples(tok, world.demos)
+        reading = reading_examples(tok, world.demos, args.kinds.split(","))
         data = copy_pretraining_dataset(world.demos, num, args.seed, window, reading, args.task_share)
     sft = dataclasses.replace(
         cfg.sft, seed=args.seed, learning_rate=args.lr, max_steps=args.steps, per_device_train_batch_size=64,
         gradient_accumulation_steps=1, lr_scheduler_type="constant_with_warmup", copy_gate=0.0, logging_steps=10,
     )  # fmt: skip
-    probe = ProbeEvery(args.every, lambda model: scores(model, cases, held_out))
+    probe = ProbeEvery(args.every, lambda model: scores(model, cases, held_out, more))
     with tempfile.TemporaryDirectory() as scratch:
         make_sft_trainer(world.policy, tok, data, sft, scratch, [probe]).train()
     if args.json:

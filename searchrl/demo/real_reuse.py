@@ -25,7 +25,7 @@ from typing import Any
 
 from searchrl.common.trajectory import Trajectory, read_trajectories
 from searchrl.demo.layouts import BASELINE_FILES
-from searchrl.demo.reuse import remove_paths, reused_summary, why_not_reusable
+from searchrl.demo.reuse import remove_paths, reused_summary, warm_stages_seconds, why_not_reusable
 from searchrl.demo.summary import headline
 from searchrl.models.io import load_policy
 from searchrl.run.sources import read_json
@@ -97,7 +97,7 @@ def find_real_warm_start(cfg: Any, out: Path) -> tuple[RealWarmStart | None, str
         baselines[name] = {"test": headline(summary)}
         baseline_trajectories[name] = trajectories
     sft_summary, sft_trajectories = _read_eval(out / "eval" / "sft-test.json")
-    seconds = (read_json(out / "summary.json") or {}).get("stages_seconds", {})
+    seconds = warm_stages_seconds(read_json(out / "summary.json") or {}, WARM_STAGES, prefixes=("base ",))
     return RealWarmStart(
         baselines=baselines,
         baseline_trajectories=baseline_trajectories,
@@ -106,7 +106,7 @@ def find_real_warm_start(cfg: Any, out: Path) -> tuple[RealWarmStart | None, str
         sft_summary=sft_summary,
         sft_trajectories=sft_trajectories,
         sft_policy_dir=(out / "sft" / "policy").resolve(),
-        stages_seconds={k: v for k, v in seconds.items() if k in WARM_STAGES or k.startswith("base ")},
+        stages_seconds=seconds,
     ), ""
 
 

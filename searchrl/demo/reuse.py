@@ -94,6 +94,15 @@ def reused_summary(policy_dir: Path, stages_seconds: dict[str, float]) -> dict[s
     return {"reused": True, "policy_dir": str(policy_dir), "stages_seconds_when_trained": stages_seconds}
 
 
+def warm_stages_seconds(
+    summary: dict[str, Any], stages: tuple[str, ...], prefixes: tuple[str, ...] = ()
+) -> dict[str, float]:
+    """The seconds an earlier run's summary gives the stages a reused warm start stands for (`stages`, and any
+    stage whose name starts with one of `prefixes`). Serves the three demos' reuse."""
+    seconds = summary.get("stages_seconds", {})
+    return {k: v for k, v in seconds.items() if k in stages or k.startswith(prefixes)}
+
+
 def remove_paths(out: Path, names: tuple[str, ...]) -> None:
     """Remove each of `names` (files or folders) under `out` that exists."""
     for name in names:
@@ -113,8 +122,7 @@ def find_warm_start(cfg: Any, out: Path) -> tuple[ReusedWarmStart | None, str]:
     if why:
         return None, why
     summary = read_json(out / "summary.json") or {}
-    stages = {k: v for k, v in summary.get("stages_seconds", {}).items() if k in ("data", "index", "models",
-                                                                                  "expert", "sft")}  # fmt: skip
+    stages = warm_stages_seconds(summary, ("data", "index", "models", "expert", "sft"))
     sft = summary.get("sft", {})
     return ReusedWarmStart(
         policy_dir, _count_lines(demos), sft.get("final_loss"), stages, sft.get("copy_gate") or [],

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from searchrl.demo.reuse import remove_paths, reused_summary, why_not_reusable
+from searchrl.demo.reuse import remove_paths, reused_summary, warm_stages_seconds, why_not_reusable
 from searchrl.run.sources import read_json
 
 # SupportDemoConfig fields that do not change stages 1-5. `generation` samples PPO's rollouts only (every
@@ -62,7 +62,7 @@ def find_support_warm_start(cfg: Any, out: Path) -> tuple[SupportWarmStart | Non
         return None, f"{demos} is not a complete gzip file (a run stopped while writing it?)"
     summary = read_json(out / "summary.json") or {}
     sft = summary.get("sft", {})
-    stages = {k: v for k, v in summary.get("stages_seconds", {}).items() if k in WARM_STAGES}
+    stages = warm_stages_seconds(summary, WARM_STAGES)
     return SupportWarmStart(
         policy_dir, demos, stages, sft.get("final_loss"), sft.get("copy_rates"), sft.get("copy_gate") or []
     ), ""  # fmt: skip
