@@ -50,6 +50,7 @@ from transformers import TrainerCallback
 from searchrl.demo.stages import StageRunner
 from searchrl.demo.support import prepare_support_world
 from searchrl.demo.support_config import SupportDemoConfig
+from searchrl.models.io import load_policy, load_tokenizer
 from searchrl.sft.examples import (
     IGNORE_INDEX,
     SPAN_CUE,
@@ -156,6 +157,9 @@ class ProbeEvery(TrainerCallback):
     def __init__(self, every: int, measure) -> None:
         self.every, self.measure, self.rows, self.start = every, measure, [], time.time()
 
+    def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kw: Any) -> None:
+        self.on_step_end(args, state, control, model, **kw)  # step 0: what the policy starts from
+
     def on_step_end(self, args: Any, state: Any, control: Any, model: Any = None, **kw: Any) -> None:
         if state.global_step % self.every == 0:
             model.eval()
@@ -191,6 +195,17 @@ def main() -> None:
         default=128,
         help="`shuffled`: tokens of a shuffled window (the copy's context).",
     )
+    parser.add_argument(
+        "--init",
+        type=Path,
+        default=None,
+        help="Start from this saved policy (e.g. a demo's sft/policy, same seed and settings) instead of scratch.",
+    )
+    parser.add_argument(
+        "--model",
+        default="",
+        help="TinyModelConfig fields for the policy, e.g. 'hidden_size=256,num_attention_heads=8' (from scratch).",
+    )
     parser.add_argument("--steps", type=int, default=450, help="Optimizer steps (batch 64).")
     parser.add_argument("--every", type=int, default=50, help="Steps between two probes.")
     parser.add_argument("--seed", type=int, default=0, help="Seed of the store, the model and the examples.")
@@ -202,6 +217,9 @@ def main() -> None:
     cfg = SupportDemoConfig(
         seed=args.seed, out_dir=str(args.out), num_threads=args.threads, progress_bar=False
     )
+    if args.model:
+        shape = {k: int(v) for k, v in (pair.split("=") for pair in args.model.split(","))}
+        cfg.model = dataclasses.replace(cfg.model, **shape)
     world = prepare_support_world(cfg, args.out, StageRunner(False))
     tok, digits, window, num = world.tokenizer, digit_ids(world.tokenizer), 512, args.steps * 64
     cases, held_out_demos = id_cases(world, cfg, digits)
@@ -225,9 +243,14 @@ def main() -> None:
         cfg.sft, seed=args.seed, learning_rate=args.lr, max_steps=args.steps, per_device_train_batch_size=64,
         gradient_accumulation_steps=1, lr_scheduler_type="constant_with_warmup", copy_gate=0.0, logging_steps=10,
     )  # fmt: skip
+    policy = world.policy
+    if args.init is not None:
+        if load_tokenizer(args.init).get_vocab() != tok.get_vocab():
+            parser.error(f"--init {args.init}: its tokenizer is not this seed's (another seed or settings?)")
+        policy = load_policy(args.init)
     probe = ProbeEvery(args.every, lambda model: scores(model, cases, held_out, more))
     with tempfile.TemporaryDirectory() as scratch:
-        make_sft_trainer(world.policy, tok, data, sft, scratch, [probe]).train()
+        make_sft_trainer(policy, tok, data, sft, scratch, [probe]).train()
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(

@@ -28,3 +28,45 @@ def test_digit_spans_start_two_tokens_before_a_digit_run_and_the_probe_finds_eve
         where = [r for s in ("dev", "test") for r in world.rows(s) if r["type"] == "where"]
         assert len(demos) == len(where) and len(cases) == len(where)
         assert all(len(positions) == 5 for _, positions in cases)
+
+
+def test_shuffled_spans_copy_a_permuted_window_and_mix_in_reading_examples() -> None:
+    from searchrl.sft.support_expert import reading_examples
+
+    with tempfile.TemporaryDirectory() as tmp:
+        world = prepare_support_world(support_smoke_config(out_dir=tmp), Path(tmp), StageRunner(False))
+    reading = reading_examples(world.tokenizer, world.demos, ["order_id", "answer"])
+    examples = bench.shuffled_span_examples(world.demos, 200, 0, 64, reading, task_share=0.25)
+    from_reading = [e for e in examples if e in reading]
+    assert 20 <= len(from_reading) <= 80  # about a quarter
+    for e in (e for e in examples if e not in reading):
+        labelled = [i for i, t in enumerate(e["labels"]) if t != IGNORE_INDEX]
+        context = e["input_ids"][: labelled[0] - 2]
+        assert len(context) <= 64 and e["input_ids"][labelled[0] - 2 :] == _span_in(context, e)
+
+
+def _span_in(context: list[int], example: dict) -> list[int]:
+    """The copied span (cue included) as it stands in the context: the example's tail must occur there."""
+    tail = example["input_ids"][len(context) :]
+    for at in range(len(context) - len(tail) + 1):
+        if context[at : at + len(tail)] == tail:
+            return tail
+    raise AssertionError("the span is not a stretch of its context")
+
+
+def test_exact_share_needs_every_labelled_token_right() -> None:
+    import torch
+
+    class Oracle:  # greedy choice at p-1 is the token at p: every copy right
+        def __init__(self, shift: int) -> None:
+            self.shift = shift
+
+        def __call__(self, input_ids: torch.Tensor) -> object:
+            ids = input_ids[0]
+            target = torch.roll(ids, -self.shift)
+            logits = torch.nn.functional.one_hot(target, num_classes=int(ids.max()) + 1).float()
+            return type("Out", (), {"logits": logits[None]})()
+
+    examples = [{"input_ids": [5, 6, 7, 8], "labels": [IGNORE_INDEX, IGNORE_INDEX, 7, 8]}]
+    assert bench.exact_share(Oracle(1), examples) == 1.0
+    assert bench.exact_share(Oracle(0), examples) == 0.0
