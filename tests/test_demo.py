@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 REQUIRED = ("exact_match", "f1", "citation_support", "searches_per_question", "tool_failure_rate")
 
@@ -117,7 +116,7 @@ def test_reuse_warm_start_reruns_what_follows_sft_on_the_same_warm_start(
     as they were, its test figures come out the same, and PPO trains afresh from it to the same weights."""
     import shutil
 
-    from safetensors.torch import load_file
+    from support.reuse import assert_one_ppo_run_to_the_same_weights, ppo_weights
 
     from searchrl.common.config import load_config
     from searchrl.demo.configs import DemoConfig
@@ -127,7 +126,7 @@ def test_reuse_warm_start_reruns_what_follows_sft_on_the_same_warm_start(
     shutil.copytree(smoke_run, out)
     before = json.loads((out / "summary.json").read_text())
     sft_bytes = (out / "sft" / "policy" / "model.safetensors").read_bytes()
-    first_ppo = {p.relative_to(out): load_file(p) for p in (out / "ppo").rglob("*.safetensors")}
+    first_ppo = ppo_weights(out)
     cfg = load_config(DemoConfig, out / "demo_config.yaml")
     cfg = dataclasses.replace(cfg, out_dir=str(out), compare_grpo=False, reuse_warm_start=True)
     summary = run_demo(cfg)
@@ -141,13 +140,7 @@ def test_reuse_warm_start_reruns_what_follows_sft_on_the_same_warm_start(
     assert summary["sft"]["final_loss"] == before["sft"]["final_loss"]
     assert summary["sft"]["answer_copy_rate"] == before["sft"]["answer_copy_rate"]
     assert not (out / "grpo_trl_loop").exists()  # what followed SFT in the first run is gone
-    metrics = [json.loads(line) for line in (out / "ppo" / "metrics.jsonl").read_text().splitlines()]
-    assert [m["step"] for m in metrics] == sorted({m["step"] for m in metrics})  # one run, not two appended
-    again = {p.relative_to(out): load_file(p) for p in (out / "ppo").rglob("*.safetensors")}
-    assert again.keys() == first_ppo.keys() and again
-    for rel, tensors in again.items():
-        for name, tensor in tensors.items():
-            assert torch.allclose(tensor, first_ppo[rel][name], atol=1e-5), (rel, name)
+    assert_one_ppo_run_to_the_same_weights(out, first_ppo)
 
 
 def test_reuse_warm_start_refuses_a_warm_start_trained_with_other_settings(smoke_run: Path) -> None:

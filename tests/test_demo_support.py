@@ -94,14 +94,13 @@ def test_reuse_warm_start_reruns_ppo_on_the_same_support_warm_start(smoke_run: P
     to the same weights as the first run."""
     import shutil
 
-    import torch
-    from safetensors.torch import load_file
+    from support.reuse import assert_one_ppo_run_to_the_same_weights, ppo_weights
 
     out = tmp_path / "run"
     shutil.copytree(smoke_run, out)
     before = json.loads((out / "summary.json").read_text())
     sft_bytes = (out / "sft" / "policy" / "model.safetensors").read_bytes()
-    first_ppo = {p.relative_to(out): load_file(p) for p in (out / "ppo").rglob("*.safetensors")}
+    first_ppo = ppo_weights(out)
     cmd = [sys.executable, "-m", "searchrl.cli", "demo", "--config", str(out / "demo_config.yaml"), "--quiet",
            "--out", str(out), "--reuse-warm-start"]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
@@ -120,13 +119,7 @@ def test_reuse_warm_start_reruns_ppo_on_the_same_support_warm_start(smoke_run: P
     for split in ("dev", "test"):
         for key in TASK_FIGURES:
             assert summary["sft"][split][key] == before["sft"][split][key], (split, key)
-    metrics = [json.loads(line) for line in (out / "ppo" / "metrics.jsonl").read_text().splitlines()]
-    assert [m["step"] for m in metrics] == sorted({m["step"] for m in metrics})  # one run, not two appended
-    again = {p.relative_to(out): load_file(p) for p in (out / "ppo").rglob("*.safetensors")}
-    assert again.keys() == first_ppo.keys() and again
-    for rel, tensors in again.items():
-        for name, tensor in tensors.items():
-            assert torch.allclose(tensor, first_ppo[rel][name], atol=1e-5), (rel, name)
+    assert_one_ppo_run_to_the_same_weights(out, first_ppo)
 
 
 def test_support_reuse_refuses_a_warm_start_trained_otherwise_or_cut_short(
