@@ -1,8 +1,8 @@
 """`reuse_warm_start` for the customer-service demo: rerun PPO on the warm start a folder already holds.
 
 Why: the support demo's warm start (span copying, the first-turn curriculum, whole demonstrations) is most of
-its time (17-50 minutes on 2 cores, docs/support.md), and what issue 26 still has to find is on the PPO side
-(making the warm start's sampled look-ups its greedy choice). A user changing `ppo:` should pay for PPO only.
+its time (17-50 minutes on 2 cores, docs/support.md), and depends on no PPO setting. A user changing `ppo:` (a
+learning rate, the number of episodes) should pay for PPO and its evaluations only.
 
 With `reuse_warm_start: true` (`searchrl demo --config support.yaml --reuse-warm-start`), a folder whose
 `demo_config.yaml` has the same warm-start settings (every field but `NOT_WARM_START`) and which holds the SFT
