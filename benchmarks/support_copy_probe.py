@@ -27,11 +27,12 @@ under all three (550 / 400 / 450 steps); `task` at 1e-3 crosses from 0.34 digit 
 exact at 350 and 1.00 at 400-450 (seed 1: still chance at 450); `span` at 1e-3: still chance at 350. (`task` was
 measured with the same examples built in the script, drawn in another order, before it used the library's; with the
 library's draw, seed 0 stayed at chance through 450.) `--task-share 1.0` (reading examples only), seed 0, 1e-3: id
-exact 0.15 at step 200, 0.91 at 300, 0.98 at 400, 1.00 at 500. A later stop (docs/support.md): `--init` the demo's
-id-only SFT policy (id 0.99, answer 0.075) with `--kinds answer`: answer 0.225 and id 0.10 after 150 steps; from
-scratch with `--kinds order_id,answer,query --task-share 1.0`: the demo's shape reaches digits 0.28, answer 0.10,
-query 0.00 at step 400, `--model hidden_size=256,num_attention_heads=8,num_key_value_heads=8,intermediate_size=768`
-digits 0.53, answer 0.31, query 1.00 at step 300 (0.55 / 0.35 / 1.00 at 400, id exact 0.03).
+exact 0.15 at step 200, 0.91 at 300, 0.98 at 400, 1.00 at 500. A later stop (docs/support.md): `--init` the
+demo's id-only SFT policy (id 0.99, answer 0.075) with `--kinds answer`: answer 0.225 and id 0.10 after 150 steps;
+with `--kinds order_id,answer`: id 1.00, answer 0.29 after 250. From scratch with `--kinds order_id,answer,query
+--task-share 1.0`: the demo's shape reaches digits 0.28, answer 0.10, query 0.00 at step 400; with `--model
+hidden_size=256,num_attention_heads=8,num_key_value_heads=8,intermediate_size=768` digits 0.53, answer 0.31, query
+1.00 at step 300 (0.55 / 0.35 / 1.00 at 400, id exact 0.03).
 
     python benchmarks/support_copy_probe.py --objective task --lr 1e-3 --steps 450 --out /tmp/probe
 """
