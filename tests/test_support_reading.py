@@ -52,9 +52,8 @@ def test_answer_examples_copy_the_answer_out_of_the_last_observation_and_skip_la
     assert len(examples) == len(wanted)
     for demo, example in zip(wanted, examples, strict=True):
         end = action_turns(demo.action_mask)[-1][1]
-        assert example["input_ids"] == [
-            int(i) for i in demo.input_ids[:end]
-        ]  # the demonstration's own tokens
+        own_tokens = [int(i) for i in demo.input_ids[:end]]
+        assert example["input_ids"] == own_tokens
         labelled = [t for t in example["labels"] if t != IGNORE_INDEX]
         assert tok.decode(labelled).strip() == demo.answer  # the answer, not its tags
         assert all(t == IGNORE_INDEX for t in example["labels"][: action_turns(demo.action_mask)[-1][0]])

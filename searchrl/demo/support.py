@@ -276,7 +276,7 @@ def _warm_start(
         }
     else:
         sft_cfg = dataclasses.replace(cfg.sft, seed=cfg.seed, output_dir=str(out / "sft" / "trainer"))
-        # The task's own copy examples (an order id out of a search result), when the warm start draws from them.
+        # The task's own copy examples (`reading_kinds`: an order id, an answer, a query), when SFT draws from them.
         reading = (
             reading_examples(world.tokenizer, world.demos, cfg.reading_kinds)
             if sft_cfg.needs_copy_examples()

@@ -24,7 +24,7 @@ from searchrl.demo.configs import DemoConfig, smoke_config, stage_ppo_config
 from searchrl.models.tiny import TinyModelConfig
 from searchrl.ppo.config import PPOConfig, PPOSection
 from searchrl.sections import EnvironmentSection, GenerationSection
-from searchrl.sft.support_expert import READING_KINDS, SupportExpertConfig
+from searchrl.sft.support_expert import READING_KINDS, SupportExpertConfig, reading_kinds_error
 from searchrl.sft.warm_start import SFTWarmStartConfig
 
 # Names the tools (the prompt has no tool schema): the tiny model learns their use from demonstrations.
@@ -124,9 +124,9 @@ class SupportDemoConfig:
     )
 
     def __post_init__(self) -> None:
-        unknown = sorted(set(self.reading_kinds) - set(READING_KINDS))
-        if unknown or not self.reading_kinds:
-            raise ConfigError(f"reading_kinds: choose from {list(READING_KINDS)}, got {self.reading_kinds}")
+        why = reading_kinds_error(self.reading_kinds)
+        if why:
+            raise ConfigError(f"reading_kinds: {why}")
 
     def ppo_config(self) -> PPOConfig:
         """The PPO stage's settings (`stage_ppo_config`): what PPO trains with and every evaluation's limits."""

@@ -215,6 +215,14 @@ class SupportExpert:
 READING_KINDS = ("order_id", "answer", "query")
 
 
+def reading_kinds_error(kinds: Sequence[str]) -> str:
+    """What is wrong with `kinds` as `reading_examples`' kinds ("" when nothing): the one check the function and
+    `SupportDemoConfig.reading_kinds` share."""
+    if not kinds or set(kinds) - set(READING_KINDS):
+        return f"choose from {list(READING_KINDS)}, got {list(kinds)}"
+    return ""
+
+
 def reading_examples(
     tokenizer: PreTrainedTokenizerBase,
     demonstrations: Sequence[Trajectory],
@@ -236,9 +244,9 @@ def reading_examples(
     around it (call get_order or answer; which tool), which stay for PPO; lazy answers are left out so that the
     copies do not teach the lazy answer more often than the demonstrations do.
     """
-    unknown = sorted(set(kinds) - set(READING_KINDS))
-    if unknown or not kinds:
-        raise ValueError(f"reading example kinds: choose from {list(READING_KINDS)}, got {list(kinds)}")
+    why = reading_kinds_error(kinds)
+    if why:
+        raise ValueError(f"reading example kinds: {why}")
     builders = {"order_id": _order_id_example, "answer": _answer_example, "query": _query_example}
     examples = []
     for kind in kinds:
