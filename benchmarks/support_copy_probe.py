@@ -231,18 +231,19 @@ def main() -> None:
     rng = random.Random(123)
     held_out = [span_copy_example(t.input_ids, rng, window) for t in held_out_demos for _ in range(2)]
     more = {kind: reading_examples(tok, held_out_demos, [kind]) for kind in ("answer", "query")}
+    kinds = args.kinds.split(",")
     if args.objective == "span":
         data = copy_pretraining_dataset(world.demos, num, args.seed, window)
     elif args.objective == "digits":
         data = Dataset.from_list(span_examples(world.demos, digits, num, args.seed, window, 0.5))
     elif args.objective == "shuffled":
-        reading = reading_examples(tok, world.demos, args.kinds.split(",")) if args.task_share > 0 else []
+        reading = reading_examples(tok, world.demos, kinds) if args.task_share > 0 else []
         data = Dataset.from_list(
             shuffled_span_examples(world.demos, num, args.seed, args.window, reading, args.task_share)
         )
     else:
         # What the warm start trains with `copy_pretrain_task_share` = --task-share (sft/warm_start.run_sft).
-        reading = reading_examples(tok, world.demos, args.kinds.split(","))
+        reading = reading_examples(tok, world.demos, kinds)
         data = copy_pretraining_dataset(world.demos, num, args.seed, window, reading, args.task_share)
     sft = dataclasses.replace(
         cfg.sft, seed=args.seed, learning_rate=args.lr, max_steps=args.steps, per_device_train_batch_size=64,
