@@ -56,6 +56,7 @@ from searchrl.demo.stages import StageRunner
 from searchrl.demo.support import prepare_support_world
 from searchrl.demo.support_config import SupportDemoConfig
 from searchrl.models.io import load_policy, load_tokenizer
+from searchrl.models.tiny import SPLIT_REGEXES
 from searchrl.sft.examples import (
     IGNORE_INDEX,
     SPAN_CUE,
@@ -68,7 +69,8 @@ from searchrl.sft.warm_start import make_sft_trainer
 
 
 def digit_ids(tok) -> set[int]:
-    return {tok.convert_tokens_to_ids(d) for d in "0123456789"}
+    """Tokens of digits only, without a space before them (an id's: one digit or two, by the split)."""
+    return {i for i in range(len(tok)) if tok.decode([i]).isdigit()}
 
 
 def id_cases(
@@ -217,10 +219,21 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads.")
     parser.add_argument("--out", type=Path, required=True, help="Directory for the store, index and demos.")
     parser.add_argument("--json", type=Path, default=None, help="Write the probes here.")
+    parser.add_argument(
+        "--split",
+        choices=sorted(SPLIT_REGEXES),
+        default="names",
+        help="The tokenizer's split (tokenizer_split).",
+    )
+    parser.add_argument("--save", type=Path, default=None, help="Save the trained policy here.")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     cfg = SupportDemoConfig(
-        seed=args.seed, out_dir=str(args.out), num_threads=args.threads, progress_bar=False
+        seed=args.seed,
+        out_dir=str(args.out),
+        num_threads=args.threads,
+        progress_bar=False,
+        tokenizer_split=args.split,
     )
     if args.model:
         shape = {k: int(v) for k, v in (pair.split("=") for pair in args.model.split(","))}
@@ -257,6 +270,9 @@ def main() -> None:
     probe = ProbeEvery(args.every, lambda model: scores(model, cases, held_out, more))
     with tempfile.TemporaryDirectory() as scratch:
         make_sft_trainer(policy, tok, data, sft, scratch, [probe]).train()
+    if args.save is not None:
+        policy.save_pretrained(args.save)
+        tok.save_pretrained(args.save)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(

@@ -141,6 +141,52 @@ def test_template_renders_tool_turns(tok):
     )
 
 
+RECORD = "Order o-81824: white mug. Ordered on 22 February. Status: delivered on 27 February. Ship to 83 Gemun Way."
+CALL = '<tool_call>\n{"name": "get_order", "arguments": {"order_id": "o-81824"}}\n</tool_call>'
+ANSWER = "<answer>delivered on 27 February</answer>"
+
+
+@pytest.fixture(scope="module")
+def reading_tok():
+    return train_tokenizer([RECORD, CALL, ANSWER] * 20, vocab_size=400, split="reading")
+
+
+def _contains(ids: list[int], part: list[int]) -> bool:
+    return any(ids[i : i + len(part)] == part for i in range(len(ids) - len(part) + 1))
+
+
+def test_reading_split_reads_a_date_and_an_id_with_the_same_ids_in_a_record_and_in_the_answer(reading_tok):
+    # The support demo copies the status's date out of the order record into the answer, and the order id
+    # out of a search result into get_order: one to three tokens each, the same ids on both sides.
+    record = reading_tok.encode(RECORD, add_special_tokens=False)
+    date = reading_tok.encode(" on 27 February", add_special_tokens=False)
+    assert reading_tok.convert_ids_to_tokens(date) == ["Ġon", "Ġ27", "ĠFebruary"]
+    assert _contains(record, date) and _contains(reading_tok.encode(ANSWER, add_special_tokens=False), date)
+    order_id = reading_tok.encode("81824", add_special_tokens=False)
+    assert reading_tok.convert_ids_to_tokens(order_id) == ["81", "82", "4"]
+    assert _contains(record, order_id) and _contains(
+        reading_tok.encode(CALL, add_special_tokens=False), order_id
+    )
+    # the default split keeps one digit a token and the space apart, as the synthetic demo is measured with
+    names = train_tokenizer([RECORD, CALL, ANSWER] * 20, vocab_size=400)
+    assert names.convert_ids_to_tokens(names.encode(" 27", add_special_tokens=False)) == ["Ġ", "2", "7"]
+
+
+def test_reading_split_survives_a_reload(reading_tok, tmp_path):
+    build_policy(reading_tok, SMALL).save_pretrained(tmp_path)
+    reading_tok.save_pretrained(tmp_path)
+    again = load_tokenizer(tmp_path)
+    for text in (RECORD, CALL, ANSWER, "12 345 6789 Mixed Case words 1a2b"):
+        assert again.encode(text, add_special_tokens=False) == reading_tok.encode(
+            text, add_special_tokens=False
+        )
+
+
+def test_unknown_split_is_refused():
+    with pytest.raises(ValueError, match="split='digits' is not one of"):
+        train_tokenizer(["abc"], vocab_size=400, split="digits")
+
+
 def test_too_small_vocab_is_refused():
     with pytest.raises(ValueError, match="vocab_size"):
         train_tokenizer(["abc"], vocab_size=100)

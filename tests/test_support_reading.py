@@ -3,15 +3,17 @@ observation, the item out of the question into the first search; labels on the c
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import tempfile
 from pathlib import Path
 
 import pytest
 
+from searchrl.common.config import ConfigError
 from searchrl.demo.stages import StageRunner
 from searchrl.demo.support import prepare_support_world
-from searchrl.demo.support_config import support_smoke_config
+from searchrl.demo.support_config import SupportDemoConfig, support_smoke_config
 from searchrl.sft.examples import IGNORE_INDEX, action_turns
 from searchrl.sft.support_expert import reading_examples
 
@@ -77,3 +79,38 @@ def test_query_examples_label_what_the_first_search_copies_from_the_question(smo
 def test_reading_examples_refuse_an_unknown_kind(smoke_world) -> None:
     with pytest.raises(ValueError, match="choose from"):
         reading_examples(smoke_world.tokenizer, smoke_world.demos, ["status"])
+
+
+def test_with_the_reading_split_an_id_and_a_date_are_read_in_tokens_of_up_to_two_digits(
+    tmp_path: Path,
+) -> None:
+    cfg = dataclasses.replace(support_smoke_config(out_dir=str(tmp_path)), tokenizer_split="reading")
+    world = prepare_support_world(cfg, tmp_path, StageRunner(False))
+    tok, demos = world.tokenizer, world.demos
+    id_examples = reading_examples(tok, demos, ["order_id"])
+    assert id_examples
+    pairs = 0
+    for example in id_examples:
+        labelled = [t for t in example["labels"] if t != IGNORE_INDEX]
+        assert re.fullmatch(r"\d{5}", tok.decode(labelled))  # every token of the id, and only the id
+        assert all(1 <= len(tok.decode([t])) <= 2 for t in labelled)
+        pairs += sum(len(tok.decode([t])) == 2 for t in labelled)
+    assert pairs > len(id_examples)  # mostly two digits a token: fewer steps to copy than five
+    dated = [e for e in reading_examples(tok, demos, ["answer"]) if re.search(r" \d+ [A-Z]", _answer(tok, e))]
+    assert dated
+    for example in dated:
+        answer = [t for t in example["labels"] if t != IGNORE_INDEX]
+        day = next(t for t in answer if tok.decode([t]).strip().isdigit())
+        assert tok.decode([day]).startswith(" ")  # " 27": the day and its space in one token
+        # the same ids stand in the order record the answer is read from
+        record = example["input_ids"][: example["labels"].index(answer[0])]
+        assert any(record[i : i + len(answer) - 1] == answer[1:] for i in range(len(record)))
+
+
+def _answer(tok, example: dict) -> str:
+    return tok.decode([t for t in example["labels"] if t != IGNORE_INDEX])
+
+
+def test_an_unknown_tokenizer_split_is_refused_by_the_config() -> None:
+    with pytest.raises(ConfigError, match="tokenizer_split: 'digits' is not one of"):
+        SupportDemoConfig(tokenizer_split="digits")

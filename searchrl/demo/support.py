@@ -152,7 +152,7 @@ def prepare_support_world(
         texts = (
             tokenizer_training_texts(task.corpus, train) + task.tokenizer_texts() + prompt_texts(probe, train)
         )
-        tok = train_tokenizer(texts, vocab_size=cfg.vocab_size)
+        tok = train_tokenizer(texts, vocab_size=cfg.vocab_size, split=cfg.tokenizer_split)
         return tok, build_policy(tok, cfg.model)
 
     tok, policy = runner.run("models", make_models)

@@ -21,7 +21,7 @@ from typing import Literal
 from searchrl.common.config import ConfigError
 from searchrl.data.support import SupportConfig
 from searchrl.demo.configs import DemoConfig, smoke_config, stage_ppo_config
-from searchrl.models.tiny import TinyModelConfig
+from searchrl.models.tiny import SPLIT_REGEXES, TinyModelConfig
 from searchrl.ppo.config import PPOConfig, PPOSection
 from searchrl.sections import EnvironmentSection, GenerationSection
 from searchrl.sft.support_expert import READING_KINDS, SupportExpertConfig, reading_kinds_error
@@ -73,6 +73,15 @@ class SupportDemoConfig:
     vocab_size: int = field(
         default=1024,
         metadata={"help": "BPE vocabulary trained on the task text (small: a smaller, faster softmax)."},
+    )
+    tokenizer_split: str = field(
+        default="names",
+        metadata={
+            "help": "The BPE's split regex (`searchrl.models.tiny.SPLIT_REGEXES`): names (the synthetic demo's: "
+            "one digit a token, a capitalised word apart from the space before it) or reading (numbers in "
+            "tokens of up to two digits and words with the space before them, so a date or an order id read "
+            "out of a tool's output is one to three tokens, the same in the record and in the answer)."
+        },
     )
     num_threads: int = field(default=2, metadata={"help": "torch CPU threads."})
     model: TinyModelConfig = field(
@@ -127,6 +136,10 @@ class SupportDemoConfig:
         why = reading_kinds_error(self.reading_kinds)
         if why:
             raise ConfigError(f"reading_kinds: {why}")
+        if self.tokenizer_split not in SPLIT_REGEXES:
+            raise ConfigError(
+                f"tokenizer_split: {self.tokenizer_split!r} is not one of {sorted(SPLIT_REGEXES)}"
+            )
 
     def ppo_config(self) -> PPOConfig:
         """The PPO stage's settings (`stage_ppo_config`): what PPO trains with and every evaluation's limits."""

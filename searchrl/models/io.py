@@ -42,6 +42,7 @@ def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    _keep_saved_pre_tokenizer(tok, Path(path) / "tokenizer.json")
     tok.padding_side = "left"
     if tok.pad_token_id is None:
         raise ValueError(f"tokenizer at {path} has no pad token; set one distinct from EOS and save it again")
@@ -51,6 +52,25 @@ def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
             "Set a distinct pad token (Qwen2.5 uses <|endoftext|>)."
         )
     return tok
+
+
+def _keep_saved_pre_tokenizer(tok: PreTrainedTokenizerBase, saved_file: Path) -> None:
+    """Give `tok` back the pre-tokenizer its tokenizer.json was saved with, where loading replaced it.
+
+    Why: with a Qwen2 config.json beside it, transformers 5 loads a tokenizer as Qwen2Tokenizer and rebuilds
+    the pre-tokenizer from Qwen's own split regex, not the saved one. A tokenizer trained with another split
+    (the tiny model's) then reads text into other ids than it was trained on: the support demo's " 27" became
+    " ", "2", "7" after a reload. Text must encode to the same ids before and after a save.
+    """
+    backend = getattr(tok, "backend_tokenizer", None)
+    if backend is None or not saved_file.is_file():
+        return
+    from tokenizers import Tokenizer
+
+    wanted = Tokenizer.from_file(str(saved_file)).pre_tokenizer
+    loaded = backend.pre_tokenizer
+    if wanted is not None and (loaded is None or loaded.__getstate__() != wanted.__getstate__()):
+        backend.pre_tokenizer = wanted
 
 
 def load_policy(path: str | Path, dtype: torch.dtype | None = None) -> PreTrainedModel:

@@ -269,7 +269,7 @@ def _order_id_example(tokenizer: PreTrainedTokenizerBase, traj: Trajectory) -> d
     call = [int(i) for i in tokenizer.encode(_get_order(found.group(1)), add_special_tokens=False)]
     call.append(int(tokenizer.eos_token_id))
     context = [int(i) for i in traj.input_ids[: turns[1][0]]]
-    # The call's JSON holds no digit but the id's, one token each (the pre-tokenizer splits digits).
+    # The call's JSON holds no digit but the id's (one or two digits a token, by the tokenizer's split).
     labels = [IGNORE_INDEX] * len(context) + [
         token if tokenizer.decode([token]).isdigit() else IGNORE_INDEX for token in call
     ]
