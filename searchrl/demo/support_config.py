@@ -21,7 +21,7 @@ from typing import Literal
 from searchrl.common.config import ConfigError
 from searchrl.data.support import SupportConfig
 from searchrl.demo.configs import DemoConfig, smoke_config, stage_ppo_config
-from searchrl.models.tiny import SPLIT_REGEXES, TinyModelConfig
+from searchrl.models.tiny import TinyModelConfig, split_error
 from searchrl.ppo.config import PPOConfig, PPOSection
 from searchrl.sections import EnvironmentSection, GenerationSection
 from searchrl.sft.support_expert import READING_KINDS, SupportExpertConfig, reading_kinds_error
@@ -136,10 +136,8 @@ class SupportDemoConfig:
         why = reading_kinds_error(self.reading_kinds)
         if why:
             raise ConfigError(f"reading_kinds: {why}")
-        if self.tokenizer_split not in SPLIT_REGEXES:
-            raise ConfigError(
-                f"tokenizer_split: {self.tokenizer_split!r} is not one of {sorted(SPLIT_REGEXES)}"
-            )
+        if why := split_error(self.tokenizer_split):
+            raise ConfigError(f"tokenizer_split: {why}")
 
     def ppo_config(self) -> PPOConfig:
         """The PPO stage's settings (`stage_ppo_config`): what PPO trains with and every evaluation's limits."""

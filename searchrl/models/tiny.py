@@ -74,6 +74,12 @@ READING_PRETOKENIZE_REGEX = (
 SPLIT_REGEXES = {"names": PRETOKENIZE_REGEX, "reading": READING_PRETOKENIZE_REGEX}
 
 
+def split_error(split: str) -> str:
+    """What is wrong with `split` as a `SPLIT_REGEXES` name ("" when nothing): the one check `train_tokenizer`
+    and `SupportDemoConfig.tokenizer_split` share."""
+    return "" if split in SPLIT_REGEXES else f"{split!r} is not one of {sorted(SPLIT_REGEXES)}"
+
+
 def trl_chat_template_path(name: str = TEMPLATE_NAME) -> Path:
     """Path of a chat template inside the installed trl package (the file is read, never copied)."""
     spec = importlib.util.find_spec("trl")
@@ -141,8 +147,8 @@ def train_tokenizer(
     template is trl's Qwen2.5 file. Saved next to the model, it reloads as `Qwen2Tokenizer` with
     exactly the same token ids.
     """
-    if split not in SPLIT_REGEXES:
-        raise ValueError(f"split={split!r} is not one of {sorted(SPLIT_REGEXES)}")
+    if why := split_error(split):
+        raise ValueError(f"split={why}")
     if vocab_size < 300:
         raise ValueError(
             f"vocab_size={vocab_size} is too small: byte-level BPE needs at least 256 + specials"
