@@ -133,7 +133,7 @@ def test_support_reuse_refuses_a_warm_start_trained_otherwise_or_cut_short(
     from searchrl.demo.support_reuse import find_support_warm_start
 
     cfg = load_config(SupportDemoConfig, smoke_run / "demo_config.yaml")
-    ppo_only = dataclasses.replace(cfg, num_threads=1, permission_denied_penalty=1.0,
+    ppo_only = dataclasses.replace(cfg, num_threads=1, permission_denied_penalty=1.0, answer_f1_weight=0.5,
                                    ppo=dataclasses.replace(cfg.ppo, learning_rate=1e-4))  # fmt: skip
     same, why = find_support_warm_start(ppo_only, smoke_run)
     assert same is not None and why == ""

@@ -114,3 +114,23 @@ def _answer(tok, example: dict) -> str:
 def test_an_unknown_tokenizer_split_is_refused_by_the_config() -> None:
     with pytest.raises(ConfigError, match="tokenizer_split: 'digits' is not one of"):
         SupportDemoConfig(tokenizer_split="digits")
+
+
+def test_answer_f1_weight_gives_a_status_read_with_a_wrong_day_partial_credit_and_the_lazy_answer_none() -> (
+    None
+):
+    from searchrl.common.trajectory import Trajectory
+    from searchrl.demo.support import support_rubric
+
+    def reward(answer: str, weight: float) -> float:
+        traj = Trajectory(id="t", question_id="q", question="Where is my red mug?",
+                          golds=["delivered on 19 April"], answer=answer)  # fmt: skip
+        return support_rubric(0.5, weight).evaluate(traj)[0]
+
+    wrong_day, lazy, right = "delivered on 29 April", "shipped", "delivered on 19 April"
+    assert reward(wrong_day, 0.5) - reward(wrong_day, 0.0) == pytest.approx(0.5 * 0.75)
+    assert reward(lazy, 0.5) == reward(lazy, 0.0)
+    assert reward(right, 0.5) - reward(right, 0.0) == pytest.approx(0.5)
+    assert reward(right, 0.5) > reward(wrong_day, 0.5) > reward(lazy, 0.5)
+    with pytest.raises(ConfigError, match="answer_f1_weight: a weight in"):
+        SupportDemoConfig(answer_f1_weight=1.5)

@@ -81,8 +81,9 @@ from searchrl.sft.warm_start import run_sft, sft_total_steps
 EVAL_SPLITS = ("dev", "test")
 
 
-def support_rubric(permission_denied_penalty: float = 0.5) -> Rubric:
-    """The support task's reward: the answer right, well formed, no denied call, no invalid or extra calls."""
+def support_rubric(permission_denied_penalty: float = 0.5, answer_f1_weight: float = 0.0) -> Rubric:
+    """The support task's reward: the answer right, well formed, no denied call, no invalid or extra calls;
+    `answer_f1_weight` > 0 adds partial credit for the answer's token F1 (0: logged beside it only)."""
     return Rubric(
         [
             RewardSpec("exact_match", ExactMatchReward(), 1.0),
@@ -93,7 +94,7 @@ def support_rubric(permission_denied_penalty: float = 0.5) -> Rubric:
             # Invalid calls only: denials are priced by the term above, not twice.
             RewardSpec("safety", SafetyPenalty(per_denial=0.0), 1.0),
             RewardSpec("search_cost", SearchCost(), 1.0),
-            RewardSpec("f1", F1Reward(), 0.0),
+            RewardSpec("f1", F1Reward(), answer_f1_weight),
             RewardSpec("num_searches", SearchCount(), 0.0),
         ]
     )
@@ -184,7 +185,7 @@ def run_support_demo(cfg: SupportDemoConfig) -> dict[str, Any]:
     layout = support_demo_layout(EVAL_SPLITS)
     write_layout(out, layout)  # now, so that a running demo can be viewed
     world = prepare_support_world(cfg, out, runner, reused)
-    rubric = support_rubric(cfg.permission_denied_penalty)
+    rubric = support_rubric(cfg.permission_denied_penalty, cfg.answer_f1_weight)
     metrics = task_metrics(world.task.store)
 
     def evaluate(stage: str, policy: Any) -> dict[str, dict[str, Any]]:

@@ -95,6 +95,14 @@ class SupportDemoConfig:
     permission_denied_penalty: float = field(
         default=0.5, metadata={"help": "Reward lost per permission-denied call (the rubric's own term)."}
     )
+    answer_f1_weight: float = field(
+        default=0.0,
+        metadata={
+            "help": "Weight of the answer's token F1 in PPO's reward, beside exact match's 1.0: partial credit "
+            "for a status read with a wrong day ('delivered on 29 April' against '... 19 April': F1 0.75), where "
+            "the lazy 'shipped' earns 0. 0 = exact match only (F1 logged beside it)."
+        },
+    )
     reading_kinds: list[str] = field(
         default_factory=lambda: ["order_id"],
         metadata={
@@ -125,7 +133,7 @@ class SupportDemoConfig:
         default=False,
         metadata={
             "help": "Keep the SFT warm start `out_dir` already holds when it was trained with the same settings "
-            "(all but out_dir, num_threads, ppo, generation, permission_denied_penalty, progress_bar): the store "
+            "(all but out_dir, num_threads, ppo, generation, permission_denied_penalty, answer_f1_weight, progress_bar): the store "
             "and index are rebuilt, the tokenizer, SFT policy and demonstrations read back, and both "
             "evaluations, PPO, the audit and the report run again (`searchrl.demo.support_reuse`). Otherwise "
             "every stage runs, and the demo says why."
@@ -138,6 +146,8 @@ class SupportDemoConfig:
             raise ConfigError(f"reading_kinds: {why}")
         if why := split_error(self.tokenizer_split):
             raise ConfigError(f"tokenizer_split: {why}")
+        if not 0.0 <= self.answer_f1_weight <= 1.0:
+            raise ConfigError(f"answer_f1_weight: a weight in [0, 1], got {self.answer_f1_weight}")
 
     def ppo_config(self) -> PPOConfig:
         """The PPO stage's settings (`stage_ppo_config`): what PPO trains with and every evaluation's limits."""

@@ -23,9 +23,10 @@ from searchrl.demo.reuse import remove_paths, reused_summary, warm_stages_second
 from searchrl.run.sources import read_json
 
 # SupportDemoConfig fields that do not change stages 1-5. `generation` samples PPO's rollouts only (every
-# evaluation is greedy, the expert's turns are forced); `permission_denied_penalty` prices PPO's reward.
-NOT_WARM_START = ("out_dir", "num_threads", "ppo", "generation", "permission_denied_penalty", "progress_bar",
-                  "reuse_warm_start")  # fmt: skip
+# evaluation is greedy, the expert's turns are forced); `permission_denied_penalty` and `answer_f1_weight` price
+# PPO's reward.
+NOT_WARM_START = ("out_dir", "num_threads", "ppo", "generation", "permission_denied_penalty", "answer_f1_weight",
+                  "progress_bar", "reuse_warm_start")  # fmt: skip
 
 # What a run writes after SFT: removed before those stages run again (a new PPO run must not resume from, or
 # append to, the old one).
