@@ -20,7 +20,10 @@ Objectives (`--objective`):
   its search result, then the get_order call with the id that result shows, labelled on the id's digits only,
   not on the decision to call; answer; query), the rest generic spans;
 - `shuffled`: span copies over a demonstration's window of `--window` tokens in random order (the same tokens,
-  no language to guess a span from), `--task-share` of them reading examples of `--kinds` instead.
+  no language to guess a span from), `--task-share` of them reading examples of `--kinds` instead;
+- `warm_start`: the demo's own warm start (`run_sft` with the `sft:` settings and `reading_kinds` of `--config`, a
+  support demo YAML, and its phases: span copying, first turns, answer turns, whole demonstrations), probed every
+  `--every` steps of each phase (`phase` 0, 1, ... in the rows): where does the warm start keep or lose a copy?
 
 Measured on seed 0 (1 thread, issue 26's closing note): at lr 3e-3 (the warm start's rate) the id stays at chance
 under all three (550 / 400 / 450 steps); `task` at 1e-3 crosses from 0.34 digit accuracy at step 300 to 0.99
@@ -55,6 +58,7 @@ import torch
 from datasets import Dataset
 from transformers import TrainerCallback
 
+from searchrl.common.config import load_config
 from searchrl.demo.stages import StageRunner
 from searchrl.demo.support import prepare_support_world
 from searchrl.demo.support_config import SupportDemoConfig
@@ -68,7 +72,7 @@ from searchrl.sft.examples import (
     span_copy_example,
 )
 from searchrl.sft.support_expert import SupportExpert, reading_examples
-from searchrl.sft.warm_start import make_sft_trainer
+from searchrl.sft.warm_start import make_sft_trainer, run_sft
 
 
 def digit_ids(tok) -> set[int]:
@@ -166,14 +170,17 @@ def scores(model, cases, spans, more: dict[str, list] | None = None) -> dict[str
 class ProbeEvery(TrainerCallback):
     def __init__(self, every: int, measure) -> None:
         self.every, self.measure, self.rows, self.start = every, measure, [], time.time()
+        self.phase = -1  # a trainer per phase of the warm start (one for the other objectives)
 
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kw: Any) -> None:
+        self.phase += 1
         self.on_step_end(args, state, control, model, **kw)  # step 0: what the policy starts from
 
     def on_step_end(self, args: Any, state: Any, control: Any, model: Any = None, **kw: Any) -> None:
         if state.global_step % self.every == 0:
             model.eval()
             row = {
+                "phase": self.phase,
                 "step": state.global_step,
                 **self.measure(model),
                 "seconds": round(time.time() - self.start),
@@ -188,7 +195,16 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument(
-        "--objective", choices=["span", "digits", "task", "shuffled"], default="task", help="Copy objective."
+        "--objective",
+        choices=["span", "digits", "task", "shuffled", "warm_start"],
+        default="task",
+        help="Copy objective.",
+    )
+    parser.add_argument(
+        "--config",
+        type=Path,
+        default=None,
+        help="`warm_start`: a support demo YAML whose sft, reading_kinds, tokenizer_split and model are used.",
     )
     parser.add_argument("--lr", type=float, default=1e-3, help="Constant learning rate (after 2%% warm-up).")
     parser.add_argument(
@@ -231,12 +247,16 @@ def main() -> None:
     parser.add_argument("--save", type=Path, default=None, help="Save the trained policy here.")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    cfg = SupportDemoConfig(
+    if args.objective == "warm_start" and args.config is None:
+        parser.error("--objective warm_start needs --config (a support demo YAML)")
+    base = load_config(SupportDemoConfig, args.config) if args.config else SupportDemoConfig()
+    cfg = dataclasses.replace(
+        base,
         seed=args.seed,
         out_dir=str(args.out),
         num_threads=args.threads,
         progress_bar=False,
-        tokenizer_split=args.split,
+        tokenizer_split=args.split if args.config is None else base.tokenizer_split,
     )
     if args.model:
         shape = {k: int(v) for k, v in (pair.split("=") for pair in args.model.split(","))}
@@ -252,6 +272,8 @@ def main() -> None:
         data = copy_pretraining_dataset(world.demos, num, args.seed, window)
     elif args.objective == "digits":
         data = Dataset.from_list(span_examples(world.demos, digits, num, args.seed, window, 0.5))
+    elif args.objective == "warm_start":
+        data = None  # run_sft builds each phase's examples
     elif args.objective == "shuffled":
         reading = reading_examples(tok, world.demos, kinds) if args.task_share > 0 else []
         data = Dataset.from_list(
@@ -272,7 +294,14 @@ def main() -> None:
         policy = load_policy(args.init)
     probe = ProbeEvery(args.every, lambda model: scores(model, cases, held_out, more))
     with tempfile.TemporaryDirectory() as scratch:
-        make_sft_trainer(policy, tok, data, sft, scratch, [probe]).train()
+        if data is None:  # the demo's warm start, every phase
+            warm = dataclasses.replace(cfg.sft, seed=args.seed, output_dir=scratch, logging_steps=10)
+            reading = (
+                reading_examples(tok, world.demos, cfg.reading_kinds) if warm.needs_copy_examples() else []
+            )
+            policy = run_sft(policy, tok, world.demos, warm, [probe], reading).policy
+        else:
+            make_sft_trainer(policy, tok, data, sft, scratch, [probe]).train()
     if args.save is not None:
         policy.save_pretrained(args.save)
         tok.save_pretrained(args.save)
