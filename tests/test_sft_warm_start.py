@@ -480,3 +480,44 @@ def test_the_gate_gives_up_when_its_budget_is_spent_and_still_decays(setup, monk
 def test_a_bad_copy_gate_is_refused(changes, needle):
     with pytest.raises(ConfigError, match=needle):
         dataclasses.replace(GATED, **changes)
+
+
+def test_the_copy_phase_gate_goes_on_in_chunks_until_its_budget_or_until_passed(setup, monkeypatch):
+    steps: list[int] = []
+
+    class Steps(TrainerCallback):
+        def on_train_end(self, args, state, control, **kw):
+            steps.append(state.global_step)
+
+    task = [
+        {"input_ids": [int(i) for i in setup["demos"][0].input_ids[:40]], "labels": [IGNORE_INDEX] * 39 + [5]}
+    ]
+    base = dict(
+        learning_rate=3e-3, max_steps=1, per_device_train_batch_size=2, warmup_ratio=0.0, lr_scheduler_type="constant",
+        copy_pretrain_steps=2, copy_pretrain_batch_size=2, copy_pretrain_window=32, copy_pretrain_task_share=0.5,
+        copy_gate_chunk=2, logging_steps=1,
+    )  # fmt: skip
+    demos = setup["demos"][:4]
+    policy = build_policy(setup["tok"], MODEL)
+    before = {n: p.detach().clone() for n, p in policy.named_parameters()}
+    # An unreachable gate: the phase goes on, two steps a chunk, until the 3 extra steps are spent (2 + 1).
+    unreachable = SFTWarmStartConfig(**base, copy_pretrain_gate=1.0, copy_pretrain_gate_max_steps=3)
+    outcome = run_sft(policy, setup["tok"], demos, unreachable, [Steps()], task)
+    assert steps == [2, 2, 1, 1]  # the phase, two chunks, then the whole-demonstration phase
+    assert [m["copy_phase_step"] for m in outcome.copy_gate] == [2.0, 4.0, 5.0]
+    assert all(0.0 <= m["reading_copy_rate"] < 1.0 for m in outcome.copy_gate)
+    assert any(not torch.equal(before[n], p) for n, p in outcome.policy.named_parameters())
+    # A gate passed after the first chunk: no further chunk (the measurements here are given, in order).
+    steps.clear()
+    rates = iter([0.1, 0.6, 0.9])
+    monkeypatch.setattr("searchrl.sft.warm_start.reading_copy_rate", lambda policy, demos: next(rates))
+    passed = SFTWarmStartConfig(**base, copy_pretrain_gate=0.5, copy_pretrain_gate_max_steps=100)
+    again = run_sft(build_policy(setup["tok"], MODEL), setup["tok"], demos, passed, [Steps()], task)
+    assert steps == [2, 2, 1] and again.copy_gate == [
+        {"copy_phase_step": 2.0, "reading_copy_rate": 0.1},
+        {"copy_phase_step": 4.0, "reading_copy_rate": 0.6},
+    ]
+    with pytest.raises(ConfigError, match="copy_pretrain_gate gates the span-copy phase"):
+        SFTWarmStartConfig(copy_pretrain_gate=0.5)
+    with pytest.raises(ConfigError, match="copy_pretrain_gate must be in"):
+        SFTWarmStartConfig(copy_pretrain_steps=2, copy_pretrain_gate=1.5)

@@ -29,7 +29,10 @@ The copy gate (`copy_gate > 0`, `searchrl.sft.copy_check.CopyGate`): copying an 
 after a number of stable-rate steps that differs by seed, and a decayed rate does not finish it. Where the decay
 would start, the answer-copy rate (or, with `copy_gate_turns: reading`, the reading rate) is measured; below
 the gate the stable phase goes on in chunks until it is reached (or the budget is spent), then the planned decay
-runs. A policy that passes trains exactly as without it.
+runs. A policy that passes trains exactly as without it. The span-copy phase has a gate of its own
+(`copy_pretrain_gate`, on the reading rate): on the support demo the copies of an order id and a status formed
+from scratch after 600-800 steps on one draw of examples and not within 800 on another (docs/support.md), so a
+fixed number of steps either wastes time or stops before they form.
 
 CPU: TRL configs default to bf16, which fails on a CPU-only box, so `bf16` is ours (default False; True is
 an autocast, weights stay float32), `use_cpu` when no accelerator is present, no gradient checkpointing
@@ -55,7 +58,7 @@ from searchrl.common.config import ConfigError, help_text
 from searchrl.common.trajectory import Trajectory
 from searchrl.common.trl_args import ScheduleSection, cpu_safe_trainer_kwargs
 from searchrl.models.forward_patches import remove_trainer_forward_patches
-from searchrl.sft.copy_check import COPY_GATE_TURNS, CopyGate
+from searchrl.sft.copy_check import COPY_GATE_TURNS, CopyGate, reading_copy_rate
 from searchrl.sft.examples import (
     IGNORE_INDEX,
     MIN_SPAN,
@@ -127,6 +130,20 @@ class SFTWarmStartConfig(ScheduleSection):
             "the task's copy examples, so that the copy the span-copy phase formed is kept while the task is "
             "learned; 0 = none. In [0, 1); needs copy_examples like copy_pretrain_task_share."
         ),
+    )
+    copy_pretrain_gate: float = field(
+        default=0.0,
+        metadata=help_text(
+            "After the span-copy phase's steps: the reading copy rate (sft/copy_check.py's reading_copy_rate: "
+            "the share of the last 256 demonstrations whose every turn after an observation, an order id into "
+            "a call, a status into the answer, the policy reproduces, teacher-forced) to reach before the later "
+            "phases. Below it the phase goes on, copy_gate_chunk steps at a time with a new draw of its "
+            "examples, until it is reached or copy_pretrain_gate_max_steps more were spent: copies form from "
+            "scratch after a number of steps that depends on the draw (docs/support.md). 0 = no gate."
+        ),
+    )
+    copy_pretrain_gate_max_steps: int = field(
+        default=1000, metadata=help_text("Most span-copy steps the copy-phase gate may add.")
     )
     first_turn_steps: int = field(
         default=0,
@@ -209,6 +226,15 @@ class SFTWarmStartConfig(ScheduleSection):
                 "copy_pretrain_steps must be >= 0, copy_pretrain_batch_size >= 1 and copy_pretrain_window >= "
                 f"{MIN_SPAN}"
             )
+        if not 0.0 <= self.copy_pretrain_gate <= 1.0 or self.copy_pretrain_gate_max_steps < 0:
+            raise ConfigError(
+                "copy_pretrain_gate must be in [0, 1] and copy_pretrain_gate_max_steps >= 0, got "
+                f"{self.copy_pretrain_gate} and {self.copy_pretrain_gate_max_steps}"
+            )
+        if self.copy_pretrain_gate > 0 and self.copy_pretrain_steps == 0:
+            raise ConfigError(
+                "copy_pretrain_gate gates the span-copy phase: set copy_pretrain_steps > 0 or the gate to 0"
+            )
         if not 0.0 <= self.copy_replay_share < 1.0:
             raise ConfigError(f"copy_replay_share: a share in [0, 1), got {self.copy_replay_share}")
         if self.copy_pretrain_learning_rate < 0 or not 0.0 <= self.copy_pretrain_task_share <= 1.0:
@@ -244,8 +270,9 @@ class SFTOutcome:
     metrics: dict[str, float]
     num_examples: int  # of the whole-demonstration phase, replayed copy examples included
     trained_tokens: int
-    # The copy gate's measurements (`CopyGate.history`): whole-phase step and the rate it measures
-    # (`answer_copy_rate`, or `reading_copy_rate` with copy_gate_turns: reading).
+    # The copy gates' measurements: the span-copy phase's (`copy_pretrain_gate`: {"copy_phase_step",
+    # "reading_copy_rate"}) first, then the whole phase's (`CopyGate.history`: whole-phase step and the rate it
+    # measures, `answer_copy_rate`, or `reading_copy_rate` with copy_gate_turns: reading).
     copy_gate: list[dict[str, float]] = field(default_factory=list)
 
 
@@ -405,14 +432,8 @@ def run_sft(
     # The curriculum's phases come first: each a few steps at a constant learning rate after warm-up.
     phases = []
     if config.copy_pretrain_steps > 0:  # span copying first: the circuit every later phase reads with
-        copying = _curriculum_phase(config, config.copy_pretrain_steps, config.copy_pretrain_batch_size)
-        copying = dataclasses.replace(
-            copying, learning_rate=config.copy_pretrain_learning_rate or config.learning_rate
-        )
-        num = config.copy_pretrain_steps * config.copy_pretrain_batch_size
-        spans = copy_pretraining_dataset(trajectories, num, config.seed, config.copy_pretrain_window,
-                                         copy_examples, config.copy_pretrain_task_share)  # fmt: skip
-        phases.append((copying, spans))
+        copying = _copy_phase(config, config.copy_pretrain_steps, config.seed)
+        phases.append((copying, _copy_phase_data(trajectories, copying, copy_examples, config)))
     if config.first_turn_steps > 0:  # short examples, a big batch: copying the question's name into a query
         first = _curriculum_phase(config, config.first_turn_steps, config.first_turn_batch_size)
         phases.append((first, replayed(sft_dataset(trajectories, first_turn_only=True))))
@@ -428,6 +449,7 @@ def run_sft(
     recorder = _LossRecorder()
     metrics: dict[str, float] = {}
     gate = None
+    copy_phase_gate: list[dict[str, float]] = []
     if config.copy_gate > 0:  # measured where the decay would start (`searchrl.sft.copy_check.CopyGate`)
         stable_steps = _steps_of(config, len(dataset)) - _decay_steps(config, len(dataset))
         gate = CopyGate(trajectories, stable_steps, config.copy_gate, config.copy_gate_turns)
@@ -438,6 +460,9 @@ def run_sft(
             extra = [gate] if whole and gate is not None else []
             policy = _train_phase(policy, tokenizer, phase_data, phase_config, [recorder, *callbacks, *extra],
                                   metrics)  # fmt: skip
+            if i == 0 and config.copy_pretrain_steps > 0 and config.copy_pretrain_gate > 0:
+                policy = _copy_until_reading(policy, tokenizer, trajectories, copy_examples, config,
+                                             [recorder, *callbacks], metrics, copy_phase_gate)  # fmt: skip
         if gate is not None and gate.stopped_early:
             policy = _extend_until_copying(policy, tokenizer, dataset, config, gate, [recorder, *callbacks],
                                            metrics)  # fmt: skip
@@ -455,7 +480,7 @@ def run_sft(
         metrics=metrics,
         num_examples=len(dataset),
         trained_tokens=trained_tokens,
-        copy_gate=gate.history if gate is not None else [],
+        copy_gate=copy_phase_gate + (gate.history if gate is not None else []),
     )
 
 
@@ -475,6 +500,54 @@ def _train_phase(
         if isinstance(value, int | float):
             metrics[key] = metrics.get(key, 0.0) + float(value) if key.endswith("runtime") else float(value)
     return trainer.model
+
+
+def _copy_phase(config: SFTWarmStartConfig, steps: int, seed: int) -> SFTWarmStartConfig:
+    """The span-copy phase's settings: `steps` at copy_pretrain_learning_rate (or learning_rate), its batch."""
+    copying = _curriculum_phase(config, steps, config.copy_pretrain_batch_size)
+    lr = config.copy_pretrain_learning_rate or config.learning_rate
+    return dataclasses.replace(copying, learning_rate=lr, seed=seed)
+
+
+def _copy_phase_data(
+    trajectories: Sequence[Trajectory],
+    phase: SFTWarmStartConfig,
+    copy_examples: Sequence[dict[str, list[int]]],
+    config: SFTWarmStartConfig,
+) -> Dataset:
+    num = phase.max_steps * config.copy_pretrain_batch_size
+    return copy_pretraining_dataset(trajectories, num, phase.seed, config.copy_pretrain_window, copy_examples,
+                                    config.copy_pretrain_task_share)  # fmt: skip
+
+
+def _copy_until_reading(
+    policy: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    trajectories: Sequence[Trajectory],
+    copy_examples: Sequence[dict[str, list[int]]],
+    config: SFTWarmStartConfig,
+    callbacks: list[TrainerCallback],
+    metrics: dict[str, float],
+    history: list[dict[str, float]],
+) -> PreTrainedModel:
+    """The span-copy phase's gate (`copy_pretrain_gate`): measured after the phase's steps, then after every
+    `copy_gate_chunk` more (a new draw of examples each, the same rate), until the policy reads what its
+    demonstrations read out of observations or `copy_pretrain_gate_max_steps` are spent. Measurements go to
+    `history`."""
+    step, extra = config.copy_pretrain_steps, 0
+    while True:
+        rate = reading_copy_rate(policy, trajectories)
+        history.append({"copy_phase_step": float(step), "reading_copy_rate": rate})
+        logger.info("copy-phase gate at step %d: reading copy rate %.3f (gate %.2f)", step, rate,
+                    config.copy_pretrain_gate)  # fmt: skip
+        if rate >= config.copy_pretrain_gate or extra >= config.copy_pretrain_gate_max_steps:
+            return policy
+        steps = min(config.copy_gate_chunk, config.copy_pretrain_gate_max_steps - extra)
+        # Another draw each chunk (the phase's seed would replay the same batches).
+        chunk = _copy_phase(config, steps, config.seed + 1 + len(history))
+        policy = _train_phase(policy, tokenizer, _copy_phase_data(trajectories, chunk, copy_examples, config),
+                              chunk, callbacks, metrics)  # fmt: skip
+        extra, step = extra + steps, step + steps
 
 
 def _extend_until_copying(
