@@ -48,6 +48,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import logging
 import random
 import tempfile
 import time
@@ -247,6 +248,8 @@ def main() -> None:
     parser.add_argument("--save", type=Path, default=None, help="Save the trained policy here.")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    logging.basicConfig(format="%(message)s")
+    logging.getLogger("searchrl.sft").setLevel(logging.INFO)  # the copy gates' measurements
     if args.objective == "warm_start" and args.config is None:
         parser.error("--objective warm_start needs --config (a support demo YAML)")
     base = load_config(SupportDemoConfig, args.config) if args.config else SupportDemoConfig()

@@ -489,9 +489,9 @@ def test_the_copy_phase_gate_goes_on_in_chunks_until_its_budget_or_until_passed(
         def on_train_end(self, args, state, control, **kw):
             steps.append(state.global_step)
 
-    task = [
-        {"input_ids": [int(i) for i in setup["demos"][0].input_ids[:40]], "labels": [IGNORE_INDEX] * 39 + [5]}
-    ]
+    # The same context with two labels: at most one of them is reproduced, so a gate of 1.0 cannot pass.
+    context = [int(i) for i in setup["demos"][0].input_ids[:40]]
+    task = [{"input_ids": context, "labels": [IGNORE_INDEX] * 39 + [label]} for label in (5, 6)]
     base = dict(
         learning_rate=3e-3, max_steps=1, per_device_train_batch_size=2, warmup_ratio=0.0, lr_scheduler_type="constant",
         copy_pretrain_steps=2, copy_pretrain_batch_size=2, copy_pretrain_window=32, copy_pretrain_task_share=0.5,
@@ -505,19 +505,38 @@ def test_the_copy_phase_gate_goes_on_in_chunks_until_its_budget_or_until_passed(
     outcome = run_sft(policy, setup["tok"], demos, unreachable, [Steps()], task)
     assert steps == [2, 2, 1, 1]  # the phase, two chunks, then the whole-demonstration phase
     assert [m["copy_phase_step"] for m in outcome.copy_gate] == [2.0, 4.0, 5.0]
-    assert all(0.0 <= m["reading_copy_rate"] < 1.0 for m in outcome.copy_gate)
+    assert all(m["copy_example_rate"] <= 0.5 for m in outcome.copy_gate)
     assert any(not torch.equal(before[n], p) for n, p in outcome.policy.named_parameters())
     # A gate passed after the first chunk: no further chunk (the measurements here are given, in order).
     steps.clear()
     rates = iter([0.1, 0.6, 0.9])
-    monkeypatch.setattr("searchrl.sft.warm_start.reading_copy_rate", lambda policy, demos: next(rates))
+    monkeypatch.setattr("searchrl.sft.warm_start.labelled_copy_rate", lambda policy, examples: next(rates))
     passed = SFTWarmStartConfig(**base, copy_pretrain_gate=0.5, copy_pretrain_gate_max_steps=100)
     again = run_sft(build_policy(setup["tok"], MODEL), setup["tok"], demos, passed, [Steps()], task)
     assert steps == [2, 2, 1] and again.copy_gate == [
-        {"copy_phase_step": 2.0, "reading_copy_rate": 0.1},
-        {"copy_phase_step": 4.0, "reading_copy_rate": 0.6},
+        {"copy_phase_step": 2.0, "copy_example_rate": 0.1},
+        {"copy_phase_step": 4.0, "copy_example_rate": 0.6},
     ]
     with pytest.raises(ConfigError, match="copy_pretrain_gate gates the span-copy phase"):
         SFTWarmStartConfig(copy_pretrain_gate=0.5)
     with pytest.raises(ConfigError, match="copy_pretrain_gate must be in"):
         SFTWarmStartConfig(copy_pretrain_steps=2, copy_pretrain_gate=1.5)
+
+
+def test_labelled_copy_rate_counts_examples_whose_every_labelled_token_is_the_greedy_choice(setup):
+    from searchrl.sft.copy_check import labelled_copy_rate
+
+    policy = build_policy(setup["tok"], MODEL).eval()
+    ids = [int(i) for i in setup["demos"][0].input_ids[:30]]
+    with torch.no_grad():
+        greedy = policy(input_ids=torch.tensor([ids])).logits[0].argmax(-1).tolist()
+    # Labels at positions 10..14 equal to what the policy predicts there (the prediction for t sits at t - 1).
+    right = {"input_ids": ids, "labels": [IGNORE_INDEX] * 10 + greedy[9:14] + [IGNORE_INDEX] * 15}
+    one_off = dict(right, labels=list(right["labels"]))
+    one_off["labels"][12] = (one_off["labels"][12] + 1) % len(setup["tok"])
+    unlabelled = {"input_ids": ids, "labels": [IGNORE_INDEX] * 30}
+    assert labelled_copy_rate(policy, [right]) == 1.0
+    assert labelled_copy_rate(policy, [one_off]) == 0.0
+    assert labelled_copy_rate(policy, [right, one_off, unlabelled, right]) == 0.5
+    with pytest.raises(ValueError, match="at least one example"):
+        labelled_copy_rate(policy, [])

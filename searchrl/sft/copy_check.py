@@ -37,7 +37,6 @@ MIN_ANSWER_COPY_RATE = 0.5
 COPY_GATE_TURNS = ("answer", "reading")
 
 
-@torch.no_grad()
 def answer_copy_rate(
     policy: PreTrainedModel,
     trajectories: Sequence[Trajectory],
@@ -49,6 +48,17 @@ def answer_copy_rate(
     examples = [answer_turn_example(t) for t in list(trajectories)[-max_examples:]]
     if not examples:
         raise ValueError("answer_copy_rate needs at least one demonstration")
+    return labelled_copy_rate(policy, examples, batch_size)
+
+
+@torch.no_grad()
+def labelled_copy_rate(
+    policy: PreTrainedModel, examples: Sequence[dict[str, list[int]]], batch_size: int = 16
+) -> float:
+    """The share of `examples` (pre-tokenised `input_ids` / `labels`) whose every labelled token is the policy's
+    greedy choice, teacher-forced: an answer turn, or a task's copy example (an order id, a status)."""
+    if not examples:
+        raise ValueError("labelled_copy_rate needs at least one example")
     device = next(policy.parameters()).device
     copied = 0
     with _evaluating(policy):

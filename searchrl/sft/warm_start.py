@@ -30,7 +30,7 @@ after a number of stable-rate steps that differs by seed, and a decayed rate doe
 would start, the answer-copy rate (or, with `copy_gate_turns: reading`, the reading rate) is measured; below
 the gate the stable phase goes on in chunks until it is reached (or the budget is spent), then the planned decay
 runs. A policy that passes trains exactly as without it. The span-copy phase has a gate of its own
-(`copy_pretrain_gate`, on the reading rate): on the support demo the copies of an order id and a status formed
+(`copy_pretrain_gate`, on the task's copy examples): on the support demo the copies of an order id and a status formed
 from scratch after 600-800 steps on one draw of examples and not within 800 on another (docs/support.md), so a
 fixed number of steps either wastes time or stops before they form.
 
@@ -58,7 +58,7 @@ from searchrl.common.config import ConfigError, help_text
 from searchrl.common.trajectory import Trajectory
 from searchrl.common.trl_args import ScheduleSection, cpu_safe_trainer_kwargs
 from searchrl.models.forward_patches import remove_trainer_forward_patches
-from searchrl.sft.copy_check import COPY_GATE_TURNS, CopyGate, reading_copy_rate
+from searchrl.sft.copy_check import COPY_GATE_TURNS, CopyGate, labelled_copy_rate
 from searchrl.sft.examples import (
     IGNORE_INDEX,
     MIN_SPAN,
@@ -69,6 +69,7 @@ from searchrl.sft.examples import (
 )
 
 logger = logging.getLogger("searchrl.sft")
+GATE_EXAMPLES = 256  # copy examples the span-copy phase's gate measures (the last ones: no random draw)
 
 
 @dataclass
@@ -134,9 +135,9 @@ class SFTWarmStartConfig(ScheduleSection):
     copy_pretrain_gate: float = field(
         default=0.0,
         metadata=help_text(
-            "After the span-copy phase's steps: the reading copy rate (sft/copy_check.py's reading_copy_rate: "
-            "the share of the last 256 demonstrations whose every turn after an observation, an order id into "
-            "a call, a status into the answer, the policy reproduces, teacher-forced) to reach before the later "
+            "After the span-copy phase's steps: the share of the task's copy examples (the last 256 of "
+            "copy_examples: an order id into a call, a status into the answer, ...) whose every labelled token the "
+            "policy reproduces, teacher-forced (sft/copy_check.py's labelled_copy_rate), to reach before the later "
             "phases. Below it the phase goes on, copy_gate_chunk steps at a time with a new draw of its "
             "examples, until it is reached or copy_pretrain_gate_max_steps more were spent: copies form from "
             "scratch after a number of steps that depends on the draw (docs/support.md). 0 = no gate."
@@ -206,10 +207,11 @@ class SFTWarmStartConfig(ScheduleSection):
     )
 
     def needs_copy_examples(self) -> bool:
-        """Whether `run_sft` draws from the task's copy examples (the span-copy phase's share, or the replay)."""
-        return (
-            self.copy_pretrain_steps > 0 and self.copy_pretrain_task_share > 0
-        ) or self.copy_replay_share > 0
+        """Whether `run_sft` uses the task's copy examples (the span-copy phase's share and gate, the replay)."""
+        copy_phase = self.copy_pretrain_steps > 0 and (
+            self.copy_pretrain_task_share > 0 or self.copy_pretrain_gate > 0
+        )
+        return copy_phase or self.copy_replay_share > 0
 
     def check(self) -> None:
         """Its own fields (the schedule's are checked first: `check_sections`)."""
@@ -271,7 +273,7 @@ class SFTOutcome:
     num_examples: int  # of the whole-demonstration phase, replayed copy examples included
     trained_tokens: int
     # The copy gates' measurements: the span-copy phase's (`copy_pretrain_gate`: {"copy_phase_step",
-    # "reading_copy_rate"}) first, then the whole phase's (`CopyGate.history`: whole-phase step and the rate it
+    # "copy_example_rate"}) first, then the whole phase's (`CopyGate.history`: whole-phase step and the rate it
     # measures, `answer_copy_rate`, or `reading_copy_rate` with copy_gate_turns: reading).
     copy_gate: list[dict[str, float]] = field(default_factory=list)
 
@@ -420,9 +422,10 @@ def run_sft(
     config = config or SFTWarmStartConfig()
     if config.needs_copy_examples() and not copy_examples:
         raise ValueError(
-            f"copy_pretrain_task_share={config.copy_pretrain_task_share} (with copy_pretrain_steps="
-            f"{config.copy_pretrain_steps}) and copy_replay_share={config.copy_replay_share} draw from the task's "
-            "copy examples (run_sft(copy_examples=...)); give them or set both shares to 0"
+            f"copy_pretrain_task_share={config.copy_pretrain_task_share} and copy_pretrain_gate="
+            f"{config.copy_pretrain_gate} (with copy_pretrain_steps={config.copy_pretrain_steps}) and "
+            f"copy_replay_share={config.copy_replay_share} use the task's copy examples "
+            "(run_sft(copy_examples=...)); give them or set those to 0"
         )
 
     def replayed(data: Dataset) -> Dataset:  # the task's copies kept in a later phase
@@ -532,13 +535,14 @@ def _copy_until_reading(
 ) -> PreTrainedModel:
     """The span-copy phase's gate (`copy_pretrain_gate`): measured after the phase's steps, then after every
     `copy_gate_chunk` more (a new draw of examples each, the same rate), until the policy reads what its
-    demonstrations read out of observations or `copy_pretrain_gate_max_steps` are spent. Measurements go to
-    `history`."""
+    demonstrations read out of observations or `copy_pretrain_gate_max_steps` are spent. Measured on the task's
+    copy examples, what the phase trains (labels on the copied span only: a whole turn's tags come later, so the
+    demonstrations' reading rate would stay near 0 here). Measurements go to `history`."""
     step, extra = config.copy_pretrain_steps, 0
     while True:
-        rate = reading_copy_rate(policy, trajectories)
-        history.append({"copy_phase_step": float(step), "reading_copy_rate": rate})
-        logger.info("copy-phase gate at step %d: reading copy rate %.3f (gate %.2f)", step, rate,
+        rate = labelled_copy_rate(policy, list(copy_examples)[-GATE_EXAMPLES:])
+        history.append({"copy_phase_step": float(step), "copy_example_rate": rate})
+        logger.info("copy-phase gate at step %d: copy examples reproduced %.3f (gate %.2f)", step, rate,
                     config.copy_pretrain_gate)  # fmt: skip
         if rate >= config.copy_pretrain_gate or extra >= config.copy_pretrain_gate_max_steps:
             return policy
