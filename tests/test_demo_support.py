@@ -88,6 +88,23 @@ def test_a_support_yaml_loads_with_the_demo_s_other_settings(tmp_path: Path) -> 
     assert "get_order" in cfg.environment.system_prompt
 
 
+def test_the_shipped_reading_recipe_loads_as_measured() -> None:
+    """configs/demo_support_reading.yaml: the recipe docs/support.md measured (seed 1: 0.58 -> 0.88)."""
+    from searchrl.common.config import load_config
+    from searchrl.demo.configs import demo_yaml_kind
+    from searchrl.demo.support_config import SupportDemoConfig
+
+    path = Path(__file__).resolve().parents[1] / "configs" / "demo_support_reading.yaml"
+    cfg = load_config(SupportDemoConfig, path)
+    assert demo_yaml_kind(path) == "support" and cfg.tokenizer_split == "reading"
+    assert cfg.reading_kinds == ["order_id", "answer", "query"] and cfg.answer_f1_weight == 0.5
+    sft = cfg.sft
+    assert (sft.learning_rate, sft.copy_pretrain_steps, sft.copy_pretrain_learning_rate) == (1e-3, 800, 1e-3)
+    assert (sft.copy_pretrain_task_share, sft.copy_replay_share) == (1.0, 0.4) and sft.needs_copy_examples()
+    assert (cfg.ppo.total_episodes, cfg.ppo.learning_rate) == (2560, 1e-4)
+    assert cfg.task == SupportDemoConfig().task and cfg.model == SupportDemoConfig().model
+
+
 def test_reuse_warm_start_reruns_ppo_on_the_same_support_warm_start(smoke_run: Path, tmp_path: Path) -> None:
     """`searchrl demo --task support --reuse-warm-start`: the expert and SFT stages are read back (not rerun),
     the warm start's files stay as they were, its evaluations come out the same, and PPO trains afresh from it
