@@ -464,7 +464,7 @@ def run_sft(
             policy = _train_phase(policy, tokenizer, phase_data, phase_config, [recorder, *callbacks, *extra],
                                   metrics)  # fmt: skip
             if i == 0 and config.copy_pretrain_steps > 0 and config.copy_pretrain_gate > 0:
-                policy = _copy_until_reading(policy, tokenizer, trajectories, copy_examples, config,
+                policy = _copy_until_reproduced(policy, tokenizer, trajectories, copy_examples, config,
                                              [recorder, *callbacks], metrics, copy_phase_gate)  # fmt: skip
         if gate is not None and gate.stopped_early:
             policy = _extend_until_copying(policy, tokenizer, dataset, config, gate, [recorder, *callbacks],
@@ -523,7 +523,7 @@ def _copy_phase_data(
                                     config.copy_pretrain_task_share)  # fmt: skip
 
 
-def _copy_until_reading(
+def _copy_until_reproduced(
     policy: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
     trajectories: Sequence[Trajectory],
