@@ -489,9 +489,10 @@ def test_the_copy_phase_gate_goes_on_in_chunks_until_its_budget_or_until_passed(
         def on_train_end(self, args, state, control, **kw):
             steps.append(state.global_step)
 
-    # The same context with two labels: at most one of them is reproduced, so a gate of 1.0 cannot pass.
+    # Every second example is held out for the gate: 5 and 6 in the same context, so at most one of them is
+    # reproduced and a gate of 1.0 cannot pass; the phase trains on the other two.
     context = [int(i) for i in setup["demos"][0].input_ids[:40]]
-    task = [{"input_ids": context, "labels": [IGNORE_INDEX] * 39 + [label]} for label in (5, 6)]
+    task = [{"input_ids": context, "labels": [IGNORE_INDEX] * 39 + [label]} for label in (5, 7, 6, 7)]
     base = dict(
         learning_rate=3e-3, max_steps=1, per_device_train_batch_size=2, warmup_ratio=0.0, lr_scheduler_type="constant",
         copy_pretrain_steps=2, copy_pretrain_batch_size=2, copy_pretrain_window=32, copy_pretrain_task_share=0.5,
@@ -540,3 +541,18 @@ def test_labelled_copy_rate_counts_examples_whose_every_labelled_token_is_the_gr
     assert labelled_copy_rate(policy, [right, one_off, unlabelled, right]) == 0.5
     with pytest.raises(ValueError, match="at least one example"):
         labelled_copy_rate(policy, [])
+
+
+def test_the_copy_phase_gate_measures_copy_examples_held_out_from_training_and_spread_over_the_list():
+    from searchrl.sft.warm_start import _held_out_for_gate
+
+    examples = [{"input_ids": [i], "labels": [i]} for i in range(1000)]
+    gated = SFTWarmStartConfig(copy_pretrain_steps=2, copy_pretrain_gate=0.5)
+    train, held_out = _held_out_for_gate(examples, gated)
+    trained_ids = {e["input_ids"][0] for e in train}
+    held_ids = [e["input_ids"][0] for e in held_out]
+    assert 200 <= len(held_out) <= 300 and not trained_ids & set(held_ids)
+    assert (
+        len(train) + len(held_out) == 1000 and held_ids[0] < 10 and held_ids[-1] > 990
+    )  # every kind in the list
+    assert _held_out_for_gate(examples, SFTWarmStartConfig(copy_pretrain_steps=2)) == (examples, [])

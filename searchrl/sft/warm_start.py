@@ -69,7 +69,7 @@ from searchrl.sft.examples import (
 )
 
 logger = logging.getLogger("searchrl.sft")
-GATE_EXAMPLES = 256  # copy examples the span-copy phase's gate measures (the last ones: no random draw)
+GATE_EXAMPLES = 256  # at most this many copy examples are held out for the span-copy phase's gate
 
 
 @dataclass
@@ -135,9 +135,9 @@ class SFTWarmStartConfig(ScheduleSection):
     copy_pretrain_gate: float = field(
         default=0.0,
         metadata=help_text(
-            "After the span-copy phase's steps: the share of the task's copy examples (the last 256 of "
-            "copy_examples: an order id into a call, a status into the answer, ...) whose every labelled token the "
-            "policy reproduces, teacher-forced (sft/copy_check.py's labelled_copy_rate), to reach before the later "
+            "After the span-copy phase's steps: the share of held-out task copy examples (at most 256 spread over "
+            "copy_examples, never trained on: an order id into a call, a status into the answer, ...) whose every "
+            "labelled token the policy reproduces, teacher-forced (sft/copy_check.py's labelled_copy_rate), to reach before the later "
             "phases. Below it the phase goes on, copy_gate_chunk steps at a time with a new draw of its "
             "examples, until it is reached or copy_pretrain_gate_max_steps more were spent: copies form from "
             "scratch after a number of steps that depends on the draw (docs/support.md). 0 = no gate."
@@ -428,6 +428,8 @@ def run_sft(
             "(run_sft(copy_examples=...)); give them or set those to 0"
         )
 
+    copy_examples, gate_examples = _held_out_for_gate(copy_examples, config)
+
     def replayed(data: Dataset) -> Dataset:  # the task's copies kept in a later phase
         return with_copy_examples(data, copy_examples, config.copy_replay_share, config.seed)
 
@@ -464,7 +466,7 @@ def run_sft(
             policy = _train_phase(policy, tokenizer, phase_data, phase_config, [recorder, *callbacks, *extra],
                                   metrics)  # fmt: skip
             if i == 0 and config.copy_pretrain_steps > 0 and config.copy_pretrain_gate > 0:
-                policy = _copy_until_reproduced(policy, tokenizer, trajectories, copy_examples, config,
+                policy = _copy_until_reproduced(policy, tokenizer, trajectories, copy_examples, gate_examples, config,
                                              [recorder, *callbacks], metrics, copy_phase_gate)  # fmt: skip
         if gate is not None and gate.stopped_early:
             policy = _extend_until_copying(policy, tokenizer, dataset, config, gate, [recorder, *callbacks],
@@ -523,11 +525,26 @@ def _copy_phase_data(
                                     config.copy_pretrain_task_share)  # fmt: skip
 
 
+def _held_out_for_gate(
+    copy_examples: Sequence[dict[str, list[int]]], config: SFTWarmStartConfig
+) -> tuple[list[dict[str, list[int]]], list[dict[str, list[int]]]]:
+    """With `copy_pretrain_gate`: (the copy examples to train on, at most GATE_EXAMPLES held out for the gate), the
+    held-out ones every `stride`-th, so spread over every kind the list holds; else (all of them, none). Held out
+    because the phase reproduces its own examples long before it reads new ones (the support demo, seed 0, step
+    800: its last 256 examples 1.00, held-out customers' ids 0.29 and statuses 0.16)."""
+    examples = list(copy_examples)
+    if config.copy_pretrain_gate <= 0 or config.copy_pretrain_steps == 0 or not examples:
+        return examples, []
+    stride = max(2, -(-len(examples) // GATE_EXAMPLES))  # ceil: at most GATE_EXAMPLES held out
+    return [e for i, e in enumerate(examples) if i % stride], examples[::stride]
+
+
 def _copy_until_reproduced(
     policy: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
     trajectories: Sequence[Trajectory],
     copy_examples: Sequence[dict[str, list[int]]],
+    gate_examples: Sequence[dict[str, list[int]]],
     config: SFTWarmStartConfig,
     callbacks: list[TrainerCallback],
     metrics: dict[str, float],
@@ -535,12 +552,12 @@ def _copy_until_reproduced(
 ) -> PreTrainedModel:
     """The span-copy phase's gate (`copy_pretrain_gate`): measured after the phase's steps, then after every
     `copy_gate_chunk` more (a new draw of examples each, the same rate), until the policy reads what its
-    demonstrations read out of observations or `copy_pretrain_gate_max_steps` are spent. Measured on the task's
-    copy examples, what the phase trains (labels on the copied span only: a whole turn's tags come later, so the
-    demonstrations' reading rate would stay near 0 here). Measurements go to `history`."""
+    demonstrations read out of observations or `copy_pretrain_gate_max_steps` are spent. Measured on held-out task
+    copy examples (`_held_out_for_gate`), what the phase trains (labels on the copied span only: a whole turn's
+    tags come later, so the demonstrations' reading rate would stay near 0 here). Measurements go to `history`."""
     step, extra = config.copy_pretrain_steps, 0
     while True:
-        rate = labelled_copy_rate(policy, list(copy_examples)[-GATE_EXAMPLES:])
+        rate = labelled_copy_rate(policy, gate_examples)
         history.append({"copy_phase_step": float(step), "copy_example_rate": rate})
         logger.info("copy-phase gate at step %d: copy examples reproduced %.3f (gate %.2f)", step, rate,
                     config.copy_pretrain_gate)  # fmt: skip
