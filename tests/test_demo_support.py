@@ -98,6 +98,7 @@ def test_the_shipped_reading_recipe_loads_as_measured() -> None:
     cfg = load_config(SupportDemoConfig, path)
     assert demo_yaml_kind(path) == "support" and cfg.tokenizer_split == "reading"
     assert cfg.reading_kinds == ["order_id", "answer", "query"] and cfg.answer_f1_weight == 0.5
+    assert cfg.permission_denied_penalty == 1.0
     sft = cfg.sft
     assert (sft.learning_rate, sft.copy_pretrain_steps, sft.copy_pretrain_learning_rate) == (1e-3, 800, 1e-3)
     assert (sft.copy_pretrain_task_share, sft.copy_replay_share) == (1.0, 0.4) and sft.needs_copy_examples()

@@ -556,3 +556,5 @@ def test_the_copy_phase_gate_measures_copy_examples_held_out_from_training_and_s
         len(train) + len(held_out) == 1000 and held_ids[0] < 10 and held_ids[-1] > 990
     )  # every kind in the list
     assert _held_out_for_gate(examples, SFTWarmStartConfig(copy_pretrain_steps=2)) == (examples, [])
+    with pytest.raises(ValueError, match="at least 2 copy examples"):
+        _held_out_for_gate(examples[:1], gated)

@@ -535,6 +535,10 @@ def _held_out_for_gate(
     examples = list(copy_examples)
     if config.copy_pretrain_gate <= 0 or config.copy_pretrain_steps == 0 or not examples:
         return examples, []
+    if len(examples) < 2:
+        raise ValueError(
+            "copy_pretrain_gate holds copy examples out to measure: give at least 2 copy examples"
+        )
     stride = max(2, -(-len(examples) // GATE_EXAMPLES))  # ceil: at most GATE_EXAMPLES held out
     return [e for i, e in enumerate(examples) if i % stride], examples[::stride]
 
