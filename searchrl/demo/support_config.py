@@ -134,9 +134,9 @@ class SupportDemoConfig:
         metadata={
             "help": "Keep the SFT warm start `out_dir` already holds when it was trained with the same settings "
             "(all but out_dir, num_threads, ppo, generation, permission_denied_penalty, answer_f1_weight, "
-            "progress_bar): the store and index are rebuilt, the tokenizer, SFT policy and demonstrations read back, and both "
-            "evaluations, PPO, the audit and the report run again (`searchrl.demo.support_reuse`). Otherwise "
-            "every stage runs, and the demo says why."
+            "progress_bar): the store and index are rebuilt, the tokenizer, SFT policy and demonstrations read "
+            "back, and both evaluations, PPO, the audit and the report run again (`searchrl.demo.support_reuse`). "
+            "Otherwise every stage runs, and the demo says why."
         },
     )
 

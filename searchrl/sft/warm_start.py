@@ -135,12 +135,12 @@ class SFTWarmStartConfig(ScheduleSection):
     copy_pretrain_gate: float = field(
         default=0.0,
         metadata=help_text(
-            "After the span-copy phase's steps: the share of held-out task copy examples (at most 256 spread over "
-            "copy_examples, never trained on: an order id into a call, a status into the answer, ...) whose every "
-            "labelled token the policy reproduces, teacher-forced (sft/copy_check.py's labelled_copy_rate), to reach before the later "
-            "phases. Below it the phase goes on, copy_gate_chunk steps at a time with a new draw of its "
-            "examples, until it is reached or copy_pretrain_gate_max_steps more were spent: copies form from "
-            "scratch after a number of steps that depends on the draw (docs/support.md). 0 = no gate."
+            "After the span-copy phase's steps: the share of held-out task copy examples (at most 256 spread "
+            "over copy_examples, never trained on: an order id into a call, a status into the answer, ...) whose "
+            "every labelled token the policy reproduces, teacher-forced (sft/copy_check.py's labelled_copy_rate), "
+            "to reach before the later phases. Below it the phase goes on, copy_gate_chunk steps at a time with a "
+            "new draw of its examples, until it is reached or copy_pretrain_gate_max_steps more were spent: "
+            "copies form from scratch after a number of steps that depends on the draw (docs/support.md). 0 = no gate."
         ),
     )
     copy_pretrain_gate_max_steps: int = field(
@@ -465,9 +465,9 @@ def run_sft(
             extra = [gate] if whole and gate is not None else []
             policy = _train_phase(policy, tokenizer, phase_data, phase_config, [recorder, *callbacks, *extra],
                                   metrics)  # fmt: skip
-            if i == 0 and config.copy_pretrain_steps > 0 and config.copy_pretrain_gate > 0:
-                policy = _copy_until_reproduced(policy, tokenizer, trajectories, copy_examples, gate_examples, config,
-                                             [recorder, *callbacks], metrics, copy_phase_gate)  # fmt: skip
+            if i == 0 and gate_examples:  # phase 0 is the span-copy phase whenever its gate is on (`check`)
+                policy = _copy_until_reproduced(policy, tokenizer, trajectories, copy_examples, gate_examples,
+                                                config, [recorder, *callbacks], metrics, copy_phase_gate)  # fmt: skip
         if gate is not None and gate.stopped_early:
             policy = _extend_until_copying(policy, tokenizer, dataset, config, gate, [recorder, *callbacks],
                                            metrics)  # fmt: skip
@@ -533,7 +533,8 @@ def _held_out_for_gate(
     because the phase reproduces its own examples long before it reads new ones (the support demo, seed 0, step
     800: its last 256 examples 1.00, held-out customers' ids 0.29 and statuses 0.16)."""
     examples = list(copy_examples)
-    if config.copy_pretrain_gate <= 0 or config.copy_pretrain_steps == 0 or not examples:
+    # `check` refuses a gate without the span-copy phase, and run_sft a gate without copy examples.
+    if config.copy_pretrain_gate <= 0:
         return examples, []
     if len(examples) < 2:
         raise ValueError(
