@@ -7,6 +7,7 @@ Commands live beside the code they drive (`searchrl/<room>/commands.py`, each wi
 from __future__ import annotations
 
 import importlib
+import logging
 
 import typer
 
@@ -38,9 +39,37 @@ def _register_all() -> None:
         importlib.import_module(name).register(app)
 
 
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+def configure_logging(level: str) -> None:
+    """Send the `searchrl` loggers' records at `level` and above to stderr, one timestamped line each.
+
+    Without it only warnings reach a user (Python's last-resort handler); `info` adds what long stages decide on
+    the way (SFT losses, the copy gates' measurements, PPO's model set-up), which a run otherwise keeps to itself.
+    """
+    if level not in LOG_LEVELS:
+        raise typer.BadParameter(f"{level!r} is not one of {', '.join(LOG_LEVELS)}", param_hint="--log-level")
+    logger = logging.getLogger("searchrl")
+    logger.setLevel(level.upper())
+    if not any(getattr(h, "_searchrl_cli", False) for h in logger.handlers):
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s: %(message)s", "%H:%M:%S"))
+        handler._searchrl_cli = True  # type: ignore[attr-defined]
+        logger.addHandler(handler)
+
+
 @app.callback()
-def _root() -> None:
+def _root(
+    log_level: str = typer.Option(
+        "warning",
+        "--log-level",
+        help=f"Which of searchrl's log records reach stderr: {', '.join(LOG_LEVELS)}. `info` shows what long "
+        "stages decide on the way (SFT losses, the copy gates' measurements).",
+    ),
+) -> None:
     """searchrl: agent-aware PPO for search agents. Every command takes --help."""
+    configure_logging(log_level)
 
 
 _register_all()
