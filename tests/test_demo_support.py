@@ -168,3 +168,32 @@ def test_support_reuse_refuses_a_warm_start_trained_otherwise_or_cut_short(
     assert found is None and "not a complete gzip file" in why
     found, why = find_support_warm_start(cfg, tmp_path / "nowhere")
     assert found is None and "no finished warm start" in why
+
+
+def test_a_run_stopped_after_sft_keeps_what_sft_measured_for_reuse(smoke_run: Path, tmp_path: Path) -> None:
+    """SFT's facts (final loss, copy gate, copy rates, the warm stages' seconds) are written beside the policy
+    when SFT ends (`sft/warm_start.json`), so a run that stopped in PPO, before its summary, keeps them and
+    `--reuse-warm-start` reads them back (a seed-0 run that the collapse guard stopped in PPO had lost them)."""
+    import shutil
+
+    from searchrl.common.config import load_config
+    from searchrl.demo.support_config import SupportDemoConfig
+    from searchrl.demo.support_reuse import WARM_START_FACTS, find_support_warm_start
+
+    finished = json.loads((smoke_run / "summary.json").read_text())
+    facts = json.loads((smoke_run / WARM_START_FACTS).read_text())
+    for key in ("final_loss", "copy_rates", "copy_gate"):
+        assert facts[key] == finished["sft"][key], key
+    assert facts["stages_seconds"]["sft"] == finished["stages_seconds"]["sft"]
+    assert "eval sft" not in facts["stages_seconds"]  # written when SFT ended, before any evaluation
+    stopped = tmp_path / "stopped"
+    shutil.copytree(smoke_run, stopped)
+    (stopped / "summary.json").unlink()  # stopped in PPO: no summary yet
+    cfg = load_config(SupportDemoConfig, smoke_run / "demo_config.yaml")
+    found, why = find_support_warm_start(cfg, stopped)
+    assert found is not None and why == ""
+    assert (
+        found.copy_rates == finished["sft"]["copy_rates"]
+        and found.final_loss == finished["sft"]["final_loss"]
+    )
+    assert found.stages_seconds["sft"] == finished["stages_seconds"]["sft"]

@@ -73,6 +73,24 @@ def test_the_absolute_entropy_floor_still_holds_for_a_start_above_it():
     assert restored.entropy_baseline == 1.2
 
 
+def _scored(entropy: float, score: float) -> dict[str, float]:
+    return {"objective/entropy_per_token": entropy, "objective/scores": score, "objective/kl": 0.0}
+
+
+def test_entropy_falling_while_the_score_rises_is_the_policy_settling_not_a_collapse():
+    # The support demo, seed 0: score 0.85 -> 1.2-1.4 while entropy fell from 0.054 to 0.027 a token.
+    guard = CollapseGuard(_args(collapse_entropy_min=0.05, collapse_window=2))
+    assert guard.check(_scored(0.054, 0.85)) is None  # the start: floor 0.027, score baseline 0.85
+    assert [guard.check(_scored(e, s)) for e, s in ((0.026, 1.3), (0.024, 1.25))] == [None, None]
+    # The same entropy with the score back at (or under) its start is a collapse, and says so.
+    assert guard.check(_scored(0.024, 0.6)) is None  # window mean score 0.925: still above the start
+    reason = guard.check(_scored(0.02, 0.7))  # window mean 0.65 <= 0.85
+    assert reason is not None and "entropy per action token 0.022 < 0.027" in reason
+    restored = CollapseGuard(_args(collapse_entropy_min=0.05, collapse_window=1))
+    restored.load_state_dict(guard.state_dict())  # a rollback or a resume keeps the start's score
+    assert restored.score_baseline == 0.85 and restored.check(_scored(0.02, 0.9)) is None
+
+
 def test_the_guard_decides_and_the_decision_says_what_to_log_and_where_to_go(tmp_path):
     args = _args(collapse_format_min=0.5, collapse_format_drop=None, collapse_window=1)
     args.collapse_max_rollbacks, args.collapse_lr_decay = 2, 0.5

@@ -229,11 +229,23 @@ def test_collapse_guard_stops_after_collapse_max_rollbacks(world, tmp_path):
         collapse_reward_drop=None,
         collapse_max_rollbacks=1,
     )
+    seen = []
+    original = trainer.generator.rollout
+
+    def spy(envs, rows, sampling):
+        seen.append(sampling.seed)
+        return original(envs, rows, sampling)
+
+    trainer.generator.rollout = spy
     with pytest.raises(RuntimeError, match="collapse_max_rollbacks=1"):
         trainer.train()
     rows = read_metrics(tmp_path)
     assert sum(1 for r in rows if r.get("guard/rollback")) == 1
     assert rows[-1]["guard/gave_up"] == 1.0
+    # Steps 1, 2 (collapses: back to the start, the last weights that passed), 1 and 2 again (gives up). The
+    # retried steps are sampled afresh: the failed steps' seeds would replay their rollouts from the same weights.
+    s = trainer.args.seed * 1_000_003
+    assert seen == [s, s + 1, s + 7_919, s + 1 + 7_919]
 
 
 def test_resume_drops_the_eval_trajectory_and_sample_files_a_killed_run_wrote_after_its_checkpoint(

@@ -48,6 +48,7 @@ from searchrl.demo.stages import StageProgress, StageRunner
 from searchrl.demo.summary import TASK_METRICS, stage_figures, support_headline
 from searchrl.demo.support_config import SupportDemoConfig
 from searchrl.demo.support_reuse import (
+    WARM_START_FACTS,
     SupportWarmStart,
     clear_support_after_warm_start,
     find_support_warm_start,
@@ -299,6 +300,9 @@ def _warm_start(
         }
     if facts["copy_rates"] is None:
         facts["copy_rates"] = turn_copy_rates(policy, world.demos)
+        # Kept beside the policy now, not only in the summary a finished run writes: a run stopped in a later
+        # stage keeps what SFT measured (the copy gate), and `--reuse-warm-start` reads it back.
+        atomic_write_json(out / WARM_START_FACTS, {**facts, "stages_seconds": dict(runner.timings)})
     return policy, facts
 
 

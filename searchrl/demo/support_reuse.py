@@ -33,6 +33,8 @@ NOT_WARM_START = ("out_dir", "num_threads", "ppo", "generation", "permission_den
 AFTER_WARM_START = ("ppo", "eval", "audit.json", "report.html", "summary.json")
 
 POLICY_FILES = ("config.json", "model.safetensors", "tokenizer.json")
+# What the SFT stage measured (final loss, copy gate, copy rates, the warm stages' seconds), written when it ends.
+WARM_START_FACTS = "sft/warm_start.json"
 WARM_STAGES = ("data", "index", "models", "expert", "sft")
 
 
@@ -61,8 +63,9 @@ def find_support_warm_start(cfg: Any, out: Path) -> tuple[SupportWarmStart | Non
         return None, why
     if not _readable_gzip(demos):
         return None, f"{demos} is not a complete gzip file (a run stopped while writing it?)"
-    summary = read_json(out / "summary.json") or {}
-    sft = summary.get("sft", {})
+    # The facts file SFT wrote; a run from before it (or one whose file is gone) has them in its summary only.
+    summary = read_json(out / WARM_START_FACTS) or read_json(out / "summary.json") or {}
+    sft = summary.get("sft", summary)
     stages = warm_stages_seconds(summary, WARM_STAGES)
     return SupportWarmStart(
         policy_dir, demos, stages, sft.get("final_loss"), sft.get("copy_rates"), sft.get("copy_gate") or []

@@ -262,7 +262,8 @@ class PPOSection(RunSection, TrainingSection):
         metadata=help_text(
             "Collapse if the mean per-token policy entropy on action tokens (nats) falls below this, or below "
             "half the first step's entropy when the starting policy is already below it (a confident warm start "
-            "is not a collapse)."
+            "is not a collapse); while the windowed score is above the first step's, low entropy is the policy "
+            "settling on what pays and is only logged."
         ),
     )
     collapse_kl_max: float | None = field(

@@ -307,7 +307,9 @@ class PPOTrainer:
             self.train_rows, a.batch_size, a.seed, self.data_epoch, self.data_offset
         )
         rows = rows[self.rank :: self.world_size]  # this rank's slice of the global batch
-        step_seed = a.seed * 1_000_003 + self.global_step + self.rank * 100003
+        # After a collapse-guard rollback the step is sampled afresh: the same seed from the restored weights would
+        # replay the very rollouts that failed (the support demo rolled back three times onto the same episodes).
+        step_seed = a.seed * 1_000_003 + self.global_step + self.rank * 100003 + self.rollbacks * 7_919
         trajs, rollout_stats = self.rollout(rows, seed=step_seed)
         t_rollout = time.perf_counter() - t0
         batch = collate_trajectories(trajs, self.tokenizer.pad_token_id)
@@ -410,7 +412,7 @@ class PPOTrainer:
         stats: dict[str, list[float]] = {
             k: [] for k in ("pg", "vf", "pg_clip", "vf_clip", "approxkl", "ratio", "grad_norm")
         }
-        gen = torch.Generator().manual_seed(a.seed + self.global_step)
+        gen = torch.Generator().manual_seed(a.seed + self.global_step + self.rollbacks * 7_919)
         skipped = 0
         for _epoch in range(a.num_ppo_epochs):
             perm = torch.randperm(B, generator=gen)
