@@ -47,9 +47,20 @@ def test_the_smoke_demo_writes_the_task_figures_per_stage_and_split(smoke_run: P
             assert figures["leaked_observations"] == 0  # the boundary holds whatever the policy does
             assert set(figures["by_type"]) <= {"where", "where_id", "return", "unshipped"}
     assert summary["ppo"]["steps"] >= 1 and set(summary["targets"]) >= {"no_leaked_observations"}
+    # PPO minus SFT, paired by test question: the mean is the two stages' difference, inside its interval.
+    paired = summary["ppo_minus_sft"]["test"]
+    assert set(paired) == set(TASK_FIGURES)
+    for key in TASK_FIGURES:
+        low, high = paired[key]["ci95"]
+        assert paired[key]["n"] == 12 and low <= paired[key]["mean"] <= high
+        assert paired[key]["mean"] == pytest.approx(summary["ppo"]["test"][key] - summary["sft"]["test"][key])
     rates = summary["sft"]["copy_rates"]  # teacher-forced per kind of turn: does the warm start read?
     assert set(rates) <= {"first_call", "call_after_observation", "answer"} and "answer" in rates
     assert all(0.0 <= r["rate"] <= 1.0 and r["turns"] >= 1 for r in rates.values())
+    # The copy phase's gate (out of reach in the smoke config): measured after its 2 steps and after 2 more.
+    gate = [g for g in summary["sft"]["copy_gate"] if "copy_phase_step" in g]
+    assert [g["copy_phase_step"] for g in gate] == [2.0, 4.0]
+    assert all(0.0 <= g["copy_example_rate"] < 1.0 for g in gate)
     assert list(summary["stages_seconds"]) == [
         "data", "index", "models", "expert", "sft", "eval sft", "ppo", "eval ppo", "audit", "report",
     ]  # fmt: skip

@@ -150,6 +150,8 @@ def _run_support(
         for split in ("dev", "test")
         for key in ("task_success", "permission_denied_rate", "leaked_observations")
     }
+    # PPO minus SFT on the same test questions (mean and paired 95% interval).
+    headline.update({f"ppo_minus_sft.test.{k}": v for k, v in summary["ppo_minus_sft"]["test"].items()})
     headline.update(wall_seconds=summary["wall_seconds"], peak_rss_mb=summary["peak_rss_mb"])
     typer.echo(json.dumps(headline, indent=2))
     typer.echo(f"summary: {Path(cfg.out_dir) / 'summary.json'}  report: {Path(cfg.out_dir) / 'report.html'}")

@@ -57,7 +57,7 @@ from searchrl.env.environment import SearchEnvironment
 from searchrl.evaluation.audit import audit_run
 from searchrl.evaluation.loop import evaluate_with_ppo_limits
 from searchrl.evaluation.report import write_report
-from searchrl.evaluation.statistics import summarise_metrics
+from searchrl.evaluation.statistics import paired_difference, summarise_metrics
 from searchrl.models.io import load_policy, load_tokenizer, save_model_dir
 from searchrl.models.tiny import build_policy, tokenizer_training_texts, train_tokenizer
 from searchrl.ppo.trainer import PPOTrainer
@@ -72,7 +72,7 @@ from searchrl.rewards.shaping import (
 )
 from searchrl.run.layout import write_layout
 from searchrl.run.manifest import build_manifest
-from searchrl.run.writer import write_evaluation
+from searchrl.run.writer import eval_trajectories_path, write_evaluation
 from searchrl.search.index import build_index
 from searchrl.sft.copy_check import turn_copy_rates
 from searchrl.sft.pipeline import prompt_texts
@@ -232,6 +232,7 @@ def run_support_demo(cfg: SupportDemoConfig) -> dict[str, Any]:
         "improvement_task_success": {
             s: ppo_eval[s]["task_success"] - sft_eval[s]["task_success"] for s in EVAL_SPLITS
         },
+        "ppo_minus_sft": {"test": paired_task_figures(out, "ppo", "sft", metrics, cfg.seed)},
         "targets": support_targets(sft_eval["test"], ppo_eval["test"]),
         "warm_start": reused.to_summary() if reused is not None else {"reused": False},
         "num_demonstrations": len(world.demos),
@@ -304,6 +305,33 @@ def _warm_start(
         # stage keeps what SFT measured (the copy gate), and `--reuse-warm-start` reads it back.
         atomic_write_json(out / WARM_START_FACTS, {**facts, "stages_seconds": dict(runner.timings)})
     return policy, facts
+
+
+def paired_task_figures(
+    out: Path, first: str, second: str, metrics: dict[str, Callable[[Any], float]], seed: int
+) -> dict[str, dict[str, Any]]:
+    """Stage `first` minus stage `second` on the same hidden test questions, per task figure: `{"mean", "ci95",
+    "n"}` from a paired bootstrap over questions (a question both stages answer, or both miss, cancels out, so
+    the interval is the one that tells whether PPO moved, not two overlapping ones). Read back from the two
+    evaluations' trajectory files."""
+    trajs = {
+        stage: {
+            t.question_id: t
+            for t in read_trajectories(eval_trajectories_path(out / "eval" / f"{stage}-test.json"))
+        }
+        for stage in (first, second)
+    }
+    ids = list(trajs[first])
+    if set(ids) != set(trajs[second]):
+        raise ValueError(
+            f"{first} and {second} were evaluated on different test questions under {out / 'eval'}"
+        )
+    return {
+        name: paired_difference(
+            [fn(trajs[first][q]) for q in ids], [fn(trajs[second][q]) for q in ids], seed=seed
+        )
+        for name, fn in metrics.items()
+    }
 
 
 def support_targets(sft_test: dict[str, Any], ppo_test: dict[str, Any]) -> dict[str, bool]:

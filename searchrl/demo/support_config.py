@@ -160,9 +160,9 @@ def support_smoke_config(out_dir: str = "runs/demo-support-smoke", seed: int = 0
     task = SupportConfig(customers=60, train_questions=96, dev_questions=12, test_questions=12)
     model: TinyModelConfig = smoke.model
     cfg = SupportDemoConfig(out_dir=out_dir, seed=seed, task=task, vocab_size=700, model=model)
-    # A few span-copy steps, half of them the expert's reading examples at their own rate, and those examples
-    # replayed in the later phases (every kind of them), so that the smoke run goes through every phase the
-    # default has and the settings issue 26's next runs need.
+    # A few span-copy steps, half of them the expert's reading examples at their own rate, gated, and those
+    # examples replayed in the later phases (every kind of them), so that the smoke run goes through every phase
+    # and check the recipe has.
     cfg.sft = dataclasses.replace(
         smoke.sft,
         num_train_epochs=1,
@@ -171,6 +171,10 @@ def support_smoke_config(out_dir: str = "runs/demo-support-smoke", seed: int = 0
         copy_pretrain_learning_rate=1e-3,
         copy_pretrain_task_share=0.5,
         copy_replay_share=0.2,
+        # The copy phase's gate, out of reach: measured after the phase, then one chunk of 2 steps more.
+        copy_pretrain_gate=1.0,
+        copy_pretrain_gate_max_steps=2,
+        copy_gate_chunk=2,
     )
     cfg.reading_kinds = list(READING_KINDS)
     cfg.environment = dataclasses.replace(_support_environment(), max_new_tokens_per_turn=32)
