@@ -155,10 +155,9 @@ def test_without_eval_on_start_there_is_no_step_0_and_every_step_has_a_clock(wor
     assert not (tmp_path / "run" / "eval" / "step-0.json").exists()
 
 
-def test_rollouts_are_seeded_per_step_through_the_sampling_passed_to_the_engine(world, tmp_path):
-    trainer = trainer_for(world, tmp_path, total_episodes=8)
-    config = dataclasses.replace(trainer.generator.config)
-    seen = []
+def record_rollout_seeds(trainer) -> list[int]:
+    """The seed of every rollout `trainer` asks its engine for, in order (filled as it trains)."""
+    seen: list[int] = []
     original = trainer.generator.rollout
 
     def spy(envs, rows, sampling):
@@ -166,6 +165,13 @@ def test_rollouts_are_seeded_per_step_through_the_sampling_passed_to_the_engine(
         return original(envs, rows, sampling)
 
     trainer.generator.rollout = spy
+    return seen
+
+
+def test_rollouts_are_seeded_per_step_through_the_sampling_passed_to_the_engine(world, tmp_path):
+    trainer = trainer_for(world, tmp_path, total_episodes=8)
+    config = dataclasses.replace(trainer.generator.config)
+    seen = record_rollout_seeds(trainer)
     trainer.train()
     s = trainer.args.seed
     assert seen == [s * 1_000_003 + 0, s * 1_000_003 + 1]
@@ -229,14 +235,7 @@ def test_collapse_guard_stops_after_collapse_max_rollbacks(world, tmp_path):
         collapse_reward_drop=None,
         collapse_max_rollbacks=1,
     )
-    seen = []
-    original = trainer.generator.rollout
-
-    def spy(envs, rows, sampling):
-        seen.append(sampling.seed)
-        return original(envs, rows, sampling)
-
-    trainer.generator.rollout = spy
+    seen = record_rollout_seeds(trainer)
     with pytest.raises(RuntimeError, match="collapse_max_rollbacks=1"):
         trainer.train()
     rows = read_metrics(tmp_path)
