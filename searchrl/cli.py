@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import sys
 
 import typer
 
@@ -52,11 +53,19 @@ def configure_logging(level: str) -> None:
         raise typer.BadParameter(f"{level!r} is not one of {', '.join(LOG_LEVELS)}", param_hint="--log-level")
     logger = logging.getLogger("searchrl")
     logger.setLevel(level.upper())
-    if not any(getattr(h, "_searchrl_cli", False) for h in logger.handlers):
-        handler = logging.StreamHandler()
+    if not any(isinstance(h, _CurrentStderrHandler) for h in logger.handlers):
+        handler = _CurrentStderrHandler()
         handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s: %(message)s", "%H:%M:%S"))
-        handler._searchrl_cli = True  # type: ignore[attr-defined]
         logger.addHandler(handler)
+
+
+class _CurrentStderrHandler(logging.StreamHandler):
+    """Writes to whatever `sys.stderr` is when a record comes, not the stream of the first call: the app may run
+    several times in one process (tests' CliRunner swaps stderr, then closes it)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.stream = sys.stderr  # not setStream: it flushes the old stream, which may be closed
+        super().emit(record)
 
 
 @app.callback()

@@ -35,6 +35,17 @@ def test_info_records_reach_stderr_only_at_info(searchrl_logger: logging.Logger,
     assert err.count("copy-phase gate at step 800: 0.16") == 1 and "searchrl.sft INFO" in err
 
 
+def test_a_second_run_of_the_app_logs_to_the_stderr_of_its_time(
+    searchrl_logger: logging.Logger, capsys
+) -> None:
+    # The first run's stderr (CliRunner's) is closed when it returns; records after it go to today's stderr.
+    assert CliRunner().invoke(app, ["--log-level", "info", "search", "--help"]).exit_code == 0
+    configure_logging("info")
+    logging.getLogger("searchrl.ppo").info("after the first run")
+    err = capsys.readouterr().err
+    assert err.count("after the first run") == 1 and "Logging error" not in err
+
+
 def test_an_unknown_level_is_refused_with_the_levels_there_are(searchrl_logger: logging.Logger) -> None:
     result = CliRunner().invoke(app, ["--log-level", "loud", "search", "--help"], terminal_width=200)
     assert result.exit_code == 2
