@@ -90,6 +90,15 @@ def test_paired_comparison_pairs_by_question_id():
         paired_comparison(first, second[:2])
     with pytest.raises(ValueError, match="same questions"):
         paired_comparison(first, [*second, traj("a", "y", ["y"])])
+    # A task's own per-question figures (the support demo's task success, denied calls): the same pairing.
+    answered = paired_comparison(
+        first,
+        second,
+        metrics=("answered",),
+        n_resamples=100,
+        values=lambda t: {"answered": float(t.answer is not None)},
+    )
+    assert answered["answered"]["mean"] == pytest.approx(-1 / 3) and answered["answered"]["n"] == 3
 
 
 @given(scores, st.integers(0, 2**16))

@@ -57,7 +57,7 @@ from searchrl.env.environment import SearchEnvironment
 from searchrl.evaluation.audit import audit_run
 from searchrl.evaluation.loop import evaluate_with_ppo_limits
 from searchrl.evaluation.report import write_report
-from searchrl.evaluation.statistics import paired_difference, summarise_metrics
+from searchrl.evaluation.statistics import paired_comparison, summarise_metrics
 from searchrl.models.io import load_policy, load_tokenizer, save_model_dir
 from searchrl.models.tiny import build_policy, tokenizer_training_texts, train_tokenizer
 from searchrl.ppo.trainer import PPOTrainer
@@ -296,14 +296,14 @@ def _warm_start(
         policy = sft.policy
         facts = {
             "final_loss": sft.losses[-1] if sft.losses else None,
-            "copy_rates": None,
+            "copy_rates": turn_copy_rates(policy, world.demos),
             "copy_gate": sft.copy_gate,
         }
-    if facts["copy_rates"] is None:
-        facts["copy_rates"] = turn_copy_rates(policy, world.demos)
         # Kept beside the policy now, not only in the summary a finished run writes: a run stopped in a later
         # stage keeps what SFT measured (the copy gate), and `--reuse-warm-start` reads it back.
         atomic_write_json(out / WARM_START_FACTS, {**facts, "stages_seconds": dict(runner.timings)})
+    if facts["copy_rates"] is None:  # a reused warm start whose run recorded no rates
+        facts["copy_rates"] = turn_copy_rates(policy, world.demos)
     return policy, facts
 
 
@@ -311,27 +311,20 @@ def paired_task_figures(
     out: Path, first: str, second: str, metrics: dict[str, Callable[[Any], float]], seed: int
 ) -> dict[str, dict[str, Any]]:
     """Stage `first` minus stage `second` on the same hidden test questions, per task figure: `{"mean", "ci95",
-    "n"}` from a paired bootstrap over questions (a question both stages answer, or both miss, cancels out, so
-    the interval is the one that tells whether PPO moved, not two overlapping ones). Read back from the two
-    evaluations' trajectory files."""
-    trajs = {
-        stage: {
-            t.question_id: t
-            for t in read_trajectories(eval_trajectories_path(out / "eval" / f"{stage}-test.json"))
-        }
+    "n"}` from a paired bootstrap over questions (`paired_comparison`: a question both stages answer, or both
+    miss, cancels out, so the interval is the one that tells whether PPO moved, not two overlapping ones). Read
+    back from the two evaluations' trajectory files."""
+    first_trajs, second_trajs = (
+        read_trajectories(eval_trajectories_path(out / "eval" / f"{stage}-test.json"))
         for stage in (first, second)
-    }
-    ids = list(trajs[first])
-    if set(ids) != set(trajs[second]):
-        raise ValueError(
-            f"{first} and {second} were evaluated on different test questions under {out / 'eval'}"
-        )
-    return {
-        name: paired_difference(
-            [fn(trajs[first][q]) for q in ids], [fn(trajs[second][q]) for q in ids], seed=seed
-        )
-        for name, fn in metrics.items()
-    }
+    )
+    return paired_comparison(
+        first_trajs,
+        second_trajs,
+        metrics=tuple(metrics),
+        seed=seed,
+        values=lambda t: {name: fn(t) for name, fn in metrics.items()},
+    )
 
 
 def support_targets(sft_test: dict[str, Any], ppo_test: dict[str, Any]) -> dict[str, bool]:

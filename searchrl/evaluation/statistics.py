@@ -204,14 +204,16 @@ def paired_comparison(
     n_resamples: int = DEFAULT_BOOTSTRAP,
     seed: int = 0,
     confidence: float = DEFAULT_CONFIDENCE,
+    values: Callable[[Trajectory], Mapping[str, float]] = trajectory_values,
 ) -> dict[str, dict[str, Any]]:
-    """`first` minus `second`, per metric (`trajectory_values`' names), paired by question id.
+    """`first` minus `second`, per metric (names of `values`: `trajectory_values` by default, or a task's own
+    per-question figures), paired by question id.
 
     Both must hold one trajectory for each of the same questions (any order): `{metric: {"mean", "ci95", "n"}}`
     from `paired_difference`, with the same resampled questions for every metric.
     """
-    a = {t.question_id: trajectory_values(t) for t in first}
-    b = {t.question_id: trajectory_values(t) for t in second}
+    a = {t.question_id: values(t) for t in first}
+    b = {t.question_id: values(t) for t in second}
     if len(a) != len(first) or len(b) != len(second) or set(a) != set(b):
         raise ValueError(
             f"paired_comparison: both sides need one trajectory per question and the same questions; got "
