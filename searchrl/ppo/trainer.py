@@ -88,6 +88,9 @@ from searchrl.run.writer import BestCheckpoint, Cadence, RunDir
 
 __all__ = ["PPOTrainer", "collate_trajectories", "trim_to_length"]
 
+# How far a step's seeds move per collapse-guard rollback (`PPOTrainer._retry_offset`).
+ROLLBACK_SEED_STRIDE = 7_919
+
 
 class PPOTrainer:
     """Agent-aware PPO with TRL's constructor shape.
@@ -299,6 +302,12 @@ class PPOTrainer:
             out.append(token_logprobs(logits, ids, a.temperature, a.top_k, a.top_p).cpu())
         return torch.cat(out)
 
+    def _retry_offset(self) -> int:
+        """Added to a step's rollout and mini-batch seeds: after a collapse-guard rollback the step is sampled
+        afresh, since the same seed from the restored weights would replay the very rollouts that failed (the
+        support demo rolled back three times onto the same episodes). 0 in a run without rollbacks."""
+        return self.rollbacks * ROLLBACK_SEED_STRIDE
+
     # --- one PPO step: 1 -> 7 ---
     def step(self) -> dict[str, float]:
         a = self.args
@@ -307,9 +316,7 @@ class PPOTrainer:
             self.train_rows, a.batch_size, a.seed, self.data_epoch, self.data_offset
         )
         rows = rows[self.rank :: self.world_size]  # this rank's slice of the global batch
-        # After a collapse-guard rollback the step is sampled afresh: the same seed from the restored weights would
-        # replay the very rollouts that failed (the support demo rolled back three times onto the same episodes).
-        step_seed = a.seed * 1_000_003 + self.global_step + self.rank * 100003 + self.rollbacks * 7_919
+        step_seed = a.seed * 1_000_003 + self.global_step + self.rank * 100003 + self._retry_offset()
         trajs, rollout_stats = self.rollout(rows, seed=step_seed)
         t_rollout = time.perf_counter() - t0
         batch = collate_trajectories(trajs, self.tokenizer.pad_token_id)
@@ -412,7 +419,7 @@ class PPOTrainer:
         stats: dict[str, list[float]] = {
             k: [] for k in ("pg", "vf", "pg_clip", "vf_clip", "approxkl", "ratio", "grad_norm")
         }
-        gen = torch.Generator().manual_seed(a.seed + self.global_step + self.rollbacks * 7_919)
+        gen = torch.Generator().manual_seed(a.seed + self.global_step + self._retry_offset())
         skipped = 0
         for _epoch in range(a.num_ppo_epochs):
             perm = torch.randperm(B, generator=gen)
