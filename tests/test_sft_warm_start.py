@@ -524,6 +524,55 @@ def test_the_copy_phase_gate_goes_on_in_chunks_until_its_budget_or_until_passed(
         SFTWarmStartConfig(copy_pretrain_steps=2, copy_pretrain_gate=1.5)
 
 
+def test_the_copy_phase_gate_waits_for_every_group_of_copy_examples_not_their_mean(setup, monkeypatch):
+    # Two groups: "big" (4 of 5 examples) reproduced at once, "small" only after the first chunk. Their mean
+    # passes a gate of 0.75 at step 2 (0.8); the gate goes on until the small group passes too.
+    context = [int(i) for i in setup["demos"][0].input_ids[:40]]
+    task = [
+        {"input_ids": context, "labels": [IGNORE_INDEX] * 39 + [label], "group": group}
+        for label, group in [(5, "big"), (6, "big"), (5, "big"), (6, "big"), (7, "small"), (8, "small")]
+    ]
+    measured: list[list[str]] = []
+    small_rates = iter([0.0, 1.0])
+
+    def rate(policy, examples):
+        measured.append([e["group"] for e in examples])
+        return 1.0 if examples[0]["group"] == "big" else next(small_rates)
+
+    monkeypatch.setattr("searchrl.sft.warm_start.labelled_copy_rate", rate)
+    config = SFTWarmStartConfig(
+        learning_rate=3e-3, max_steps=1, per_device_train_batch_size=2, warmup_ratio=0.0, lr_scheduler_type="constant",
+        copy_pretrain_steps=2, copy_pretrain_batch_size=2, copy_pretrain_window=32, copy_pretrain_task_share=1.0,
+        copy_gate_chunk=2, logging_steps=1, copy_pretrain_gate=0.75, copy_pretrain_gate_max_steps=10,
+    )  # fmt: skip
+    outcome = run_sft(build_policy(setup["tok"], MODEL), setup["tok"], setup["demos"][:4], config, (), task)
+    assert outcome.copy_gate == [
+        {"copy_phase_step": 2.0, "copy_example_rate": 0.0, "copy_example_rate/big": 1.0,
+         "copy_example_rate/small": 0.0},
+        {"copy_phase_step": 4.0, "copy_example_rate": 1.0, "copy_example_rate/big": 1.0,
+         "copy_example_rate/small": 1.0},
+    ]  # fmt: skip
+    assert measured == [["big", "big"], ["small"]] * 2  # each group apart, every time
+
+
+def test_the_gate_holds_out_an_equal_share_of_every_group_and_trains_on_tokens_only():
+    from searchrl.sft.warm_start import GATE_EXAMPLES, _held_out_for_gate
+
+    examples = [{"input_ids": [i], "labels": [i], "group": "big"} for i in range(2000)]
+    examples += [{"input_ids": [i], "labels": [i], "group": "small"} for i in range(2000, 2100)]
+    examples += [{"input_ids": [2100], "labels": [2100], "group": "single"}]
+    gated = SFTWarmStartConfig(copy_pretrain_steps=2, copy_pretrain_gate=0.5)
+    train, held_out = _held_out_for_gate(examples, gated)
+    held = {g: [e["input_ids"][0] for e in held_out if e["group"] == g] for g in ("big", "small", "single")}
+    # The small group (5% of the list) gets as many held out as the big one; half of a group at most.
+    assert 40 <= len(held["small"]) <= 50 and 70 <= len(held["big"]) <= GATE_EXAMPLES // 3 + 1
+    assert held["single"] == []  # one example: trained on, not measured
+    assert held["small"][0] == 2000 and held["small"][-1] > 2090  # spread over the group
+    assert all(set(e) == {"input_ids", "labels"} for e in train)  # the group is the gate's, not the trainer's
+    assert len(train) + len(held_out) == len(examples)
+    assert not {e["input_ids"][0] for e in train} & {e["input_ids"][0] for e in held_out}
+
+
 def test_labelled_copy_rate_counts_examples_whose_every_labelled_token_is_the_greedy_choice(setup):
     from searchrl.sft.copy_check import labelled_copy_rate
 

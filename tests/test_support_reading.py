@@ -47,7 +47,13 @@ def test_every_where_demonstration_lazy_or_not_reads_the_id_its_search_result_sh
 
 def test_answer_examples_copy_the_answer_out_of_the_last_observation_and_skip_lazy_ones(smoke_world) -> None:
     tok, demos = smoke_world.tokenizer, smoke_world.demos
-    copied = [d for d in demos if d.answer and d.observations and d.answer in d.observations[-1]]
+    copied = [
+        d for d in demos if d.answer and d.observations and re.search(rf"\b{re.escape(d.answer)}\b", d.observations[-1])
+    ]
+    # a "no" inside "not" (a denied call's observation) is no copy of the answer
+    assert any(d.answer == "no" and "not" in d.observations[-1] for d in demos) and not any(
+        d.answer in ("yes", "no") for d in copied
+    )
     wanted = [d for d in copied if d.metadata["expert_kind"] != "skip_lookup"]
     assert wanted and len(wanted) < len(copied) < len(demos)  # lazy answers and yes/no decisions left out
     examples = reading_examples(tok, demos, ["answer"])
@@ -74,6 +80,20 @@ def test_query_examples_label_what_the_first_search_copies_from_the_question(smo
         assert query.endswith(labelled) and labelled in demo.question and labelled
         if kinds[demo.question_id].get("hops") == 2:  # a `where` question: the item, colour and all
             assert labelled == query.removeprefix("order ")
+
+
+def test_each_reading_example_names_its_group_a_kind_and_its_question_type(smoke_world) -> None:
+    tok, demos = smoke_world.tokenizer, smoke_world.demos
+    assert all(d.metadata["type"] in {"where", "where_id", "return", "unshipped"} for d in demos)
+    groups = set()
+    for demo in demos:
+        for kind in ("order_id", "answer", "query"):
+            for example in reading_examples(tok, [demo], [kind]):
+                assert example["group"] == f"{kind}/{demo.metadata['type']}"
+                groups.add(example["group"])
+    # a status out of a record and an item out of an order document are two copies, measured apart
+    assert {"order_id/where", "answer/where", "answer/unshipped", "query/where"} <= groups
+    assert not any(g.startswith("answer/return") for g in groups)  # yes / no is a decision, not a copy
 
 
 def test_reading_examples_refuse_an_unknown_kind(smoke_world) -> None:

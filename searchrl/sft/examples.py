@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
+from typing import Any
 
 from datasets import Dataset, concatenate_datasets
 
@@ -139,10 +140,15 @@ def copy_pretraining_dataset(
     examples = []
     for _ in range(num_examples):
         if task_share > 0 and rng.random() < task_share:
-            examples.append(dict(rng.choice(task_examples)))
+            examples.append(copy_tokens(rng.choice(task_examples)))
         else:
             examples.append(span_copy_example(rng.choice(usable).input_ids, rng, window))
     return Dataset.from_list(examples)
+
+
+def copy_tokens(example: dict[str, Any]) -> dict[str, list[int]]:
+    """A copy example's tokens and labels, what a trainer sees (its `group`, the gate's, left behind)."""
+    return {"input_ids": list(example["input_ids"]), "labels": list(example["labels"])}
 
 
 def with_copy_examples(
@@ -158,7 +164,8 @@ def with_copy_examples(
         raise ValueError(f"share={share} needs copy examples to draw from")
     rng = random.Random(seed)
     added = [
-        dict(rng.choice(copy_examples)) for _ in range(replayed_size(len(dataset), share) - len(dataset))
+        copy_tokens(rng.choice(copy_examples))
+        for _ in range(replayed_size(len(dataset), share) - len(dataset))
     ]
     return concatenate_datasets([dataset, Dataset.from_list(added, features=dataset.features)])
 

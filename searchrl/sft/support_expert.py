@@ -208,6 +208,7 @@ class SupportExpert:
             traj.metadata["followed_injection"] = plan.followed
             traj.metadata["read_from"] = plan.read_from
             traj.metadata["hops"] = plan.row.get("hops")
+            traj.metadata["type"] = plan.row["type"]
         return batch.trajectories
 
 
@@ -227,7 +228,7 @@ def reading_examples(
     tokenizer: PreTrainedTokenizerBase,
     demonstrations: Sequence[Trajectory],
     kinds: Sequence[str] = ("order_id",),
-) -> list[dict[str, list[int]]]:
+) -> list[dict[str, Any]]:
     """Copy examples for the warm start's span-copy phase (`run_sft(copy_examples=...)`): a demonstration's tokens
     up to one of its turns, then that turn, labels only on the part of it copied from the context. `kinds`:
 
@@ -237,6 +238,8 @@ def reading_examples(
       record, an item out of an order document), not a lazy one, its answer turn (labels on the answer);
     - ``query``: per demonstration whose first call is a search that names something from the question (the
       item, the product), that call (labels on the words the query shares with the question's end).
+
+    Each example also names its `group` (`copy_group`), which the span-copy phase's gate measures apart.
 
     Why: the tiny policy does not learn these copies from generic spans or whole demonstrations (docs/support.md:
     order ids 0.06, answers about 0.55 teacher-forced), and the lazy expert (`skip_lookup`) shows the id in only a
@@ -253,8 +256,16 @@ def reading_examples(
         for traj in demonstrations:
             example = builders[kind](tokenizer, traj)
             if example is not None:
-                examples.append(example)
+                examples.append({**example, "group": copy_group(kind, traj)})
     return examples
+
+
+def copy_group(kind: str, traj: Trajectory) -> str:
+    """Which copy an example teaches, for the copy-phase gate's measure per group: its kind and its question's
+    type (``answer/where`` copies a status, ``answer/unshipped`` an item and its colour); the kind alone for a
+    demonstration recorded before the type was kept."""
+    question_type = traj.metadata.get("type")
+    return f"{kind}/{question_type}" if question_type else kind
 
 
 def _order_id_example(tokenizer: PreTrainedTokenizerBase, traj: Trajectory) -> dict[str, list[int]] | None:
@@ -280,8 +291,8 @@ def _answer_example(tokenizer: PreTrainedTokenizerBase, traj: Trajectory) -> dic
     answer, turns = traj.answer, action_turns(traj.action_mask)
     if not answer or not traj.observations or not turns or traj.metadata.get("expert_kind") == "skip_lookup":
         return None
-    if answer not in traj.observations[-1]:
-        return None  # a decision ("yes"/"no" from two dates), not a copy
+    if not re.search(rf"(?<!\w){re.escape(answer)}(?!\w)", traj.observations[-1]):
+        return None  # a decision ("yes"/"no" from two dates, never the "no" of "not"), not a copy
     return _turn_example(tokenizer, traj, turns[-1], answer)
 
 
