@@ -48,7 +48,9 @@ def test_every_where_demonstration_lazy_or_not_reads_the_id_its_search_result_sh
 def test_answer_examples_copy_the_answer_out_of_the_last_observation_and_skip_lazy_ones(smoke_world) -> None:
     tok, demos = smoke_world.tokenizer, smoke_world.demos
     copied = [
-        d for d in demos if d.answer and d.observations and re.search(rf"\b{re.escape(d.answer)}\b", d.observations[-1])
+        d
+        for d in demos
+        if d.answer and d.observations and re.search(rf"\b{re.escape(d.answer)}\b", d.observations[-1])
     ]
     # a "no" inside "not" (a denied call's observation) is no copy of the answer
     assert any(d.answer == "no" and "not" in d.observations[-1] for d in demos) and not any(
