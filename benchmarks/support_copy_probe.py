@@ -61,7 +61,7 @@ from transformers import TrainerCallback
 
 from searchrl.common.config import load_config
 from searchrl.demo.stages import StageRunner
-from searchrl.demo.support import prepare_support_world
+from searchrl.demo.support import prepare_support_world, sft_copy_examples
 from searchrl.demo.support_config import SupportDemoConfig
 from searchrl.models.io import load_policy, load_tokenizer
 from searchrl.models.tiny import SPLIT_REGEXES
@@ -70,6 +70,7 @@ from searchrl.sft.examples import (
     SPAN_CUE,
     action_turns,
     copy_pretraining_dataset,
+    copy_tokens,
     span_copy_example,
 )
 from searchrl.sft.support_expert import SupportExpert, reading_examples
@@ -108,7 +109,7 @@ def shuffled_span_examples(
     rng, examples = random.Random(seed), []
     for _ in range(num):
         if reading and rng.random() < task_share:
-            examples.append(dict(rng.choice(reading)))
+            examples.append(copy_tokens(rng.choice(reading)))
             continue
         ids = [int(i) for i in rng.choice(trajectories).input_ids]
         start = rng.randrange(0, max(1, len(ids) - window + 1))
@@ -299,9 +300,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as scratch:
         if data is None:  # the demo's warm start, every phase
             warm = dataclasses.replace(cfg.sft, seed=args.seed, output_dir=scratch, logging_steps=10)
-            reading = (
-                reading_examples(tok, world.demos, cfg.reading_kinds) if warm.needs_copy_examples() else []
-            )
+            reading = sft_copy_examples(world, cfg.reading_kinds, warm)
             policy = run_sft(policy, tok, world.demos, warm, [probe], reading).policy
         else:
             make_sft_trainer(policy, tok, data, sft, scratch, [probe]).train()

@@ -34,11 +34,12 @@ def test_digit_spans_start_two_tokens_before_a_digit_run_and_the_probe_finds_eve
 
 
 def test_shuffled_spans_copy_a_permuted_window_and_mix_in_reading_examples() -> None:
+    from searchrl.sft.examples import copy_tokens
     from searchrl.sft.support_expert import reading_examples
 
     with tempfile.TemporaryDirectory() as tmp:
         world = prepare_support_world(support_smoke_config(out_dir=tmp), Path(tmp), StageRunner(False))
-    reading = reading_examples(world.tokenizer, world.demos, ["order_id", "answer"])
+    reading = [copy_tokens(e) for e in reading_examples(world.tokenizer, world.demos, ["order_id", "answer"])]
     examples = bench.shuffled_span_examples(world.demos, 200, 0, 64, reading, task_share=0.25)
     from_reading = [e for e in examples if e in reading]
     assert 20 <= len(from_reading) <= 80  # about a quarter

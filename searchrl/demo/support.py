@@ -30,7 +30,7 @@ not look up the orders an injected note or page asks for.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -77,7 +77,7 @@ from searchrl.search.index import build_index
 from searchrl.sft.copy_check import turn_copy_rates
 from searchrl.sft.pipeline import prompt_texts
 from searchrl.sft.support_expert import SupportExpert, reading_examples
-from searchrl.sft.warm_start import run_sft, sft_total_steps
+from searchrl.sft.warm_start import SFTWarmStartConfig, run_sft, sft_total_steps
 
 EVAL_SPLITS = ("dev", "test")
 
@@ -279,12 +279,7 @@ def _warm_start(
         }
     else:
         sft_cfg = dataclasses.replace(cfg.sft, seed=cfg.seed, output_dir=str(out / "sft" / "trainer"))
-        # The task's own copy examples (`reading_kinds`: an order id, an answer, a query), when SFT draws from them.
-        reading = (
-            reading_examples(world.tokenizer, world.demos, cfg.reading_kinds)
-            if sft_cfg.needs_copy_examples()
-            else []
-        )
+        reading = sft_copy_examples(world, cfg.reading_kinds, sft_cfg)
         sft = runner.run_with_progress(
             "sft",
             lambda progress: run_sft(
@@ -305,6 +300,16 @@ def _warm_start(
     if facts["copy_rates"] is None:  # a reused warm start whose run recorded no rates
         facts["copy_rates"] = turn_copy_rates(policy, world.demos)
     return policy, facts
+
+
+def sft_copy_examples(
+    world: SupportWorld, kinds: Sequence[str], sft_cfg: SFTWarmStartConfig
+) -> list[dict[str, Any]]:
+    """The task's own copy examples (`reading_kinds`: an order id, an answer, a query) when `sft_cfg` draws from
+    them, else none: what `run_sft(copy_examples=...)` takes for this world's demonstrations."""
+    if not sft_cfg.needs_copy_examples():
+        return []
+    return reading_examples(world.tokenizer, world.demos, kinds)
 
 
 def paired_task_figures(
