@@ -555,6 +555,57 @@ def test_the_copy_phase_gate_waits_for_every_group_of_copy_examples_not_their_me
     assert measured == [["big", "big"], ["small"]] * 2  # each group apart, every time
 
 
+def test_a_focused_chunk_draws_its_share_from_the_groups_below_the_gate_and_the_rest_from_all(
+    setup, monkeypatch
+):
+    from searchrl.sft import warm_start
+
+    context = [int(i) for i in setup["demos"][0].input_ids[:40]]
+    task = [
+        {"input_ids": context, "labels": [IGNORE_INDEX] * 39 + [label], "group": group}
+        for label, group in [(5, "big"), (6, "big"), (5, "big"), (6, "big"), (7, "small"), (8, "small")]
+    ]
+    small_rates = iter([0.0, 1.0])
+    monkeypatch.setattr(
+        warm_start, "labelled_copy_rate",
+        lambda policy, examples: 1.0 if examples[0]["group"] == "big" else next(small_rates),
+    )  # fmt: skip
+    drawn: list[list[str]] = []
+    real = warm_start._copy_phase_data
+
+    def spy(trajectories, phase, copy_examples, config):
+        drawn.append([e["group"] for e in copy_examples])
+        data = real(trajectories, phase, copy_examples, config)
+        assert set(data.column_names) == {"input_ids", "labels"}  # the trainer sees tokens only
+        return data
+
+    monkeypatch.setattr(warm_start, "_copy_phase_data", spy)
+    config = SFTWarmStartConfig(
+        learning_rate=3e-3, max_steps=1, per_device_train_batch_size=2, warmup_ratio=0.0, lr_scheduler_type="constant",
+        copy_pretrain_steps=2, copy_pretrain_batch_size=2, copy_pretrain_window=32, copy_pretrain_task_share=1.0,
+        copy_gate_chunk=2, logging_steps=1, copy_pretrain_gate=0.75, copy_pretrain_gate_max_steps=10,
+        copy_pretrain_gate_focus=1.0,
+    )  # fmt: skip
+    run_sft(build_policy(setup["tok"], MODEL), setup["tok"], setup["demos"][:4], config, (), task)
+    phase, chunk = drawn
+    assert phase.count("small") == 1  # the phase's own steps: every group at its size (one held out)
+    assert chunk == ["small"] * len(phase)  # focus 1.0: the chunk practises the lagging group alone
+
+
+def test_focused_on_draws_the_asked_share_from_the_lagging_groups():
+    from searchrl.sft.warm_start import focused_on
+
+    examples = [{"input_ids": [i], "group": "big" if i < 900 else "small"} for i in range(1000)]
+    assert focused_on(examples, {"small"}, 0.0, seed=0) == examples
+    assert focused_on(examples, {"absent"}, 0.5, seed=0) == examples
+    half = focused_on(examples, {"small"}, 0.5, seed=0)
+    share = sum(e["group"] == "small" for e in half) / len(half)
+    assert len(half) == 1000 and 0.5 < share < 0.6  # half drawn from "small", and a tenth of the other half
+    assert focused_on(examples, {"small"}, 0.5, seed=0) == half  # the seed decides
+    with pytest.raises(ConfigError, match="copy_pretrain_gate_focus"):
+        SFTWarmStartConfig(copy_pretrain_steps=2, copy_pretrain_gate=0.5, copy_pretrain_gate_focus=1.5)
+
+
 def test_the_gate_holds_out_an_equal_share_of_every_group_and_trains_on_tokens_only():
     from searchrl.sft.warm_start import GATE_EXAMPLES, _held_out_for_gate
 
@@ -568,7 +619,7 @@ def test_the_gate_holds_out_an_equal_share_of_every_group_and_trains_on_tokens_o
     assert 40 <= len(held["small"]) <= 50 and 70 <= len(held["big"]) <= GATE_EXAMPLES // 3 + 1
     assert held["single"] == []  # one example: trained on, not measured
     assert held["small"][0] == 2000 and held["small"][-1] > 2090  # spread over the group
-    assert all(set(e) == {"input_ids", "labels"} for e in train)  # the group is the gate's, not the trainer's
+    assert {e["group"] for e in train} == {"big", "small", "single"}  # kept for the gated chunks' focus
     assert len(train) + len(held_out) == len(examples)
     assert not {e["input_ids"][0] for e in train} & {e["input_ids"][0] for e in held_out}
 
