@@ -70,7 +70,8 @@ from searchrl.sft.examples import (
 )
 
 logger = logging.getLogger("searchrl.sft")
-GATE_EXAMPLES = 256  # at most this many copy examples are held out for the span-copy phase's gate
+# About this many copy examples are held out for the span-copy phase's gate (per group its share, rounded up).
+GATE_EXAMPLES = 256
 
 
 @dataclass
@@ -136,8 +137,8 @@ class SFTWarmStartConfig(ScheduleSection):
     copy_pretrain_gate: float = field(
         default=0.0,
         metadata=help_text(
-            "After the span-copy phase's steps: the share of held-out task copy examples (at most 256 spread "
-            "over copy_examples, never trained on: an order id into a call, a status into the answer, ...) whose "
+            "After the span-copy phase's steps: the share of held-out task copy examples (about 256, an equal "
+            "share of each group, never trained on: an order id into a call, a status into the answer, ...) whose "
             "every labelled token the policy reproduces, teacher-forced (sft/copy_check.py's labelled_copy_rate), "
             "to reach in every group the examples name (their `group`: answer/where, answer/unshipped, ...) "
             "before the later phases. Below it the phase goes on, copy_gate_chunk steps at a time with a "
@@ -543,9 +544,9 @@ def _copy_phase_data(
 
 def _held_out_for_gate(
     copy_examples: Sequence[dict[str, Any]], config: SFTWarmStartConfig
-) -> tuple[list[dict[str, list[int]]], list[dict[str, Any]]]:
-    """With `copy_pretrain_gate`: (the copy examples to train on, at most GATE_EXAMPLES held out for the gate, an
-    equal share from each `group` the examples name, every `stride`-th of it, so spread over the group); else
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """With `copy_pretrain_gate`: (the copy examples to train on, about GATE_EXAMPLES held out for the gate: an
+    equal share, GATE_EXAMPLES / groups rounded up, from each `group` the examples name, every `stride`-th of it, so spread over the group); else
     (all of them, none). Held out because the phase reproduces its own examples long before it reads new ones (the
     support demo, seed 0, step 800: its last 256 examples 1.00, held-out customers' ids 0.29 and statuses 0.16).
     Per group because a small group can stay at 0 under a passed mean (seed 0: the unshipped items, 11% of the
