@@ -546,8 +546,8 @@ def _held_out_for_gate(
     copy_examples: Sequence[dict[str, Any]], config: SFTWarmStartConfig
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """With `copy_pretrain_gate`: (the copy examples to train on, about GATE_EXAMPLES held out for the gate: an
-    equal share, GATE_EXAMPLES / groups rounded up, from each `group` the examples name, every `stride`-th of it, so spread over the group); else
-    (all of them, none). Held out because the phase reproduces its own examples long before it reads new ones (the
+    equal share, GATE_EXAMPLES / groups rounded up, from each `group` the examples name, every `stride`-th of it,
+    so spread over the group); else (all of them, none). Held out because the phase reproduces its own examples long before it reads new ones (the
     support demo, seed 0, step 800: its last 256 examples 1.00, held-out customers' ids 0.29 and statuses 0.16).
     Per group because a small group can stay at 0 under a passed mean (seed 0: the unshipped items, 11% of the
     examples, 0.05 after SFT with the gate's mean passed)."""
@@ -557,9 +557,7 @@ def _held_out_for_gate(
         raise ValueError(
             "copy_pretrain_gate holds copy examples out to measure: give at least 2 copy examples"
         )
-    groups: dict[str, list[int]] = {}
-    for i, example in enumerate(copy_examples):
-        groups.setdefault(str(example.get("group", "")), []).append(i)
+    groups = _indices_by_group(copy_examples)
     per_group = -(-GATE_EXAMPLES // len(groups))  # ceil
     held: set[int] = set()
     for members in groups.values():
@@ -580,7 +578,7 @@ def focused_on(
     `groups` (the copy-phase gate's groups still below it), else from all; `examples` itself when `focus` is 0
     or no member is in `groups`. The gated chunks' draw: practice where the copy has not formed (seed 0's
     unshipped items stayed at 0.17-0.36 over 400 steps at their share of 11%) without dropping the rest."""
-    lagging = [e for e in examples if str(e.get("group", "")) in groups]
+    lagging = [e for e in examples if _group_of(e) in groups]
     if focus <= 0 or not lagging:
         return list(examples)
     rng = random.Random(seed)
@@ -589,10 +587,21 @@ def focused_on(
 
 def _gate_rates(policy: PreTrainedModel, gate_examples: Sequence[dict[str, Any]]) -> dict[str, float]:
     """`labelled_copy_rate` per group of the held-out copy examples (one group "" when they name none)."""
-    groups: dict[str, list[dict[str, Any]]] = {}
-    for example in gate_examples:
-        groups.setdefault(str(example.get("group", "")), []).append(example)
-    return {group: labelled_copy_rate(policy, members) for group, members in sorted(groups.items())}
+    groups = _indices_by_group(gate_examples)
+    return {g: labelled_copy_rate(policy, [gate_examples[i] for i in groups[g]]) for g in sorted(groups)}
+
+
+def _group_of(example: dict[str, Any]) -> str:
+    """The copy example's `group` (`searchrl.sft.support_expert.copy_group`), "" when it names none."""
+    return str(example.get("group", ""))
+
+
+def _indices_by_group(examples: Sequence[dict[str, Any]]) -> dict[str, list[int]]:
+    """The examples' positions per group, in order: what the gate holds out and measures apart."""
+    groups: dict[str, list[int]] = {}
+    for i, example in enumerate(examples):
+        groups.setdefault(_group_of(example), []).append(i)
+    return groups
 
 
 def _copy_until_reproduced(
