@@ -43,12 +43,12 @@ def _support_environment() -> EnvironmentSection:
 
 def _support_sft() -> SFTWarmStartConfig:
     # 800 span-copy steps of the expert's reading examples only (an order id out of a search result, a status or
-    # item out of a record, the item into the first search) at 1e-3, gated: until 0.85 of held-out copy examples
-    # of every group (kind and question type) are reproduced the phase goes on, 200 steps at a time, at most 800 more (the copies form after a number of
-    # steps that depends on the draw: seed 0's status copy had not formed by step 800 without the gate). Then
-    # 300 first-turn steps and 400 whole-demonstration steps, every phase at 1e-3 with 40% of its examples the
-    # reading examples again (replayed, so the copies stay while the task is learned). docs/support.md: why
-    # each (the learning rate, the reading split, the examples, the gate).
+    # item out of a record, the item into the first search) at 1e-3, gated: until 0.85 of held-out copy examples of
+    # every group (kind and question type) are reproduced the phase goes on, 200 steps at a time, at most 800 more
+    # (the copies form after a number of steps that depends on the draw: seed 0's status copy had not formed by step
+    # 800 without the gate). Then 300 first-turn steps and 400 whole-demonstration steps, every phase at 1e-3 with
+    # 40% of its examples the reading examples again (replayed, so the copies stay while the task is learned).
+    # docs/support.md: why each (the learning rate, the reading split, the examples, the gate).
     return dataclasses.replace(
         DemoConfig().sft,
         learning_rate=1e-3,

@@ -547,10 +547,10 @@ def _held_out_for_gate(
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """With `copy_pretrain_gate`: (the copy examples to train on, about GATE_EXAMPLES held out for the gate: an
     equal share, GATE_EXAMPLES / groups rounded up, from each `group` the examples name, every `stride`-th of it,
-    so spread over the group); else (all of them, none). Held out because the phase reproduces its own examples long before it reads new ones (the
-    support demo, seed 0, step 800: its last 256 examples 1.00, held-out customers' ids 0.29 and statuses 0.16).
-    Per group because a small group can stay at 0 under a passed mean (seed 0: the unshipped items, 11% of the
-    examples, 0.05 after SFT with the gate's mean passed)."""
+    so spread over the group); else (all of them, none). Held out because the phase reproduces its own examples long
+    before it reads new ones (the support demo, seed 0, step 800: its last 256 examples 1.00, held-out customers'
+    ids 0.29 and statuses 0.16). Per group because a small group can stay at 0 under a passed mean (seed 0: the
+    unshipped items, 11% of the examples, 0.05 after SFT with the gate's mean passed)."""
     if config.copy_pretrain_gate <= 0:
         return list(copy_examples), []
     if len(copy_examples) < 2:
